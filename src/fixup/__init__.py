@@ -1,0 +1,31 @@
+"""fixup-lab: Fixup initialisation for residual networks without normalisation.
+
+>>> import fixup
+>>> model = fixup.create_model("resnet20", norm="fixup")
+>>> report = fixup.fixup_init_(model)
+>>> report.num_branches
+9
+"""
+
+from .branch import Branch, FixupClassifier, ResidualBlock
+from .init import branch_scale, fixup_init_
+from .models import create_model, list_models, register_model
+from .nn import Bias, Scale, residual_add
+from .report import FixupReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Bias",
+    "Branch",
+    "FixupClassifier",
+    "FixupReport",
+    "ResidualBlock",
+    "Scale",
+    "branch_scale",
+    "create_model",
+    "fixup_init_",
+    "list_models",
+    "register_model",
+    "residual_add",
+]

@@ -1,0 +1,198 @@
+"""The Fixup rule as an initialiser in the manner of ``torch.nn.init``.
+
+Zhang, Dauphin & Ma, "Fixup Initialization: Residual Learning Without Normalization", ICLR 2019,
+section 3, with L residual branches of m weight layers each:
+
+1. the classifier and the last weight layer of every residual branch start at zero;
+2. every other weight layer gets a standard (He) initialisation, and the weights inside residual
+   branches are then multiplied by ``L ** (-1 / (2m - 2))``;
+3. every branch carries a scalar multiplier (1) and scalar biases (0) before each convolution,
+   linear layer and element-wise activation.
+
+Branches are found through the protocol of :mod:`fixup.branch`, never from parameter names.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .branch import WEIGHT_LAYERS, Branch, find_branches, find_classifier
+from .nn import Bias, Scale
+from .report import BranchRecord, FixupReport, LayerRecord, describe_norm
+
+__all__ = ["FAN_MODES", "branch_scale", "fixup_init_", "he_std"]
+
+FAN_MODES = ("fan_in", "fan_out")
+
+
+def branch_scale(L: int, m: int) -> float:
+    """Fixup's factor for the weights inside a residual branch: ``L ** (-1 / (2m - 2))``.
+
+    ``L`` is the number of residual branches in the whole model and ``m`` the weight layers of this
+    branch. m = 2 gives L^-1/2, m = 3 gives L^-1/4. With m = 1 the only layer is the zeroed one,
+    so there is nothing to scale and the factor is 1.
+    """
+    if int(L) != L or L < 1:
+        raise ValueError(f"L must be a positive whole number of residual branches, got {L!r}")
+    if int(m) != m or m < 1:
+        raise ValueError(f"m must be a positive whole number of weight layers per branch, got {m!r}")
+    if m == 1:
+        return 1.0
+    return float(L) ** (-1.0 / (2 * m - 2))
+
+
+def he_std(weight: torch.Tensor, mode: str = "fan_out") -> float:
+    """He et al. (2015) normal std ``sqrt(2 / fan)`` for a ReLU network.
+
+    ``fan_out`` (output channels x kernel size) is the default: it is what the Fixup authors'
+    reference code and torchvision's ResNet use; He et al. (section 2.2) show that either fan keeps
+    the signal bounded through depth.
+    """
+    if mode not in FAN_MODES:
+        raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(weight)
+    return math.sqrt(2.0 / (fan_in if mode == "fan_in" else fan_out))
+
+
+def _record(name: str, layer: nn.Module, std: float) -> LayerRecord:
+    return LayerRecord(name, type(layer).__name__, list(layer.weight.shape), float(std))
+
+
+def _draw_(layer: nn.Module, std: float, generator: torch.Generator | None) -> None:
+    if std == 0.0:
+        layer.weight.zero_()
+    else:
+        layer.weight.normal_(0.0, std, generator=generator)
+    if getattr(layer, "bias", None) is not None:
+        layer.bias.zero_()
+
+
+def _check_layer(layer: object, where: str, names: dict[int, str]) -> str:
+    if not isinstance(getattr(layer, "weight", None), torch.Tensor):
+        raise ValueError(
+            f"{where}: {type(layer).__name__} has no `weight` tensor; branch layers must be weight layers "
+            "(nn.Linear or nn.Conv*). Declare only the weight layers of the branch, in execution order."
+        )
+    if id(layer) not in names:
+        raise ValueError(f"{where}: a declared layer ({type(layer).__name__}) is not a submodule of the model")
+    return names[id(layer)]
+
+
+def fixup_init_(
+    model: nn.Module,
+    *,
+    generator: torch.Generator | None = None,
+    mode: str = "fan_out",
+    strict: bool = False,
+    depth_scaling: bool = True,
+    rescale: float = 1.0,
+) -> FixupReport:
+    """Apply the Fixup rule to ``model`` in place and return the accounting report.
+
+    Args:
+        model: a module whose residual blocks declare their branches (``residual_branches()``) and
+            which names its classifier (``classifier_layers()``).
+        generator: the random generator for the He draws, for reproducible initialisation.
+        mode: He fan convention, ``"fan_out"`` (default) or ``"fan_in"``.
+        strict: raise, instead of warning, when a branch lacks its scalar multiplier or biases, a
+            normalisation layer is still present, or no classifier is declared.
+        depth_scaling: apply rule 2's factor (``False`` is the paper's "no depth scaling" ablation).
+        rescale: multiply rule 2's factor by this number (0.1 and 10 are the paper's ablations).
+
+    Every check runs before any weight changes, so a model is never left half-initialised.
+    Calling it again draws a fresh model from the same distribution and gives the same report.
+    """
+    if mode not in FAN_MODES:
+        raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
+    if not (rescale > 0 and math.isfinite(rescale)):
+        raise ValueError(f"rescale must be a positive finite number, got {rescale!r}")
+    names = {id(mod): name for name, mod in model.named_modules()}
+    branches = find_branches(model)
+    if not branches:
+        raise ValueError(
+            f"{type(model).__name__} declares no residual branch. Fixup needs residual blocks that define "
+            "`residual_branches()` (see fixup.branch), or run fixup.adapt(model, example_input) on a model "
+            "written elsewhere."
+        )
+    L = len(branches)
+    warnings: list[str] = []
+    seen: dict[int, str] = {}
+    plan: list[tuple[str, Branch, list[str], str | None]] = []
+    for block, branch in branches:
+        if not branch.layers:
+            raise ValueError(f"residual branch {block!r} declares no weight layer; a branch needs at least one "
+                             "(its last weight layer is the one rule 1 zeroes)")
+        layer_names = [_check_layer(layer, f"branch {block!r}", names) for layer in branch.layers]
+        for layer, lname in zip(branch.layers, layer_names):
+            if id(layer) in seen:
+                raise ValueError(f"weight layer {lname!r} is declared in two residual branches ({seen[id(layer)]!r} "
+                                 f"and {block!r}); a layer shared between branches cannot be counted")
+            seen[id(layer)] = block
+        if branch.depth < 1:
+            raise ValueError(f"residual branch {block!r} has m={branch.depth}; m must be at least 1")
+        short = None
+        if branch.shortcut is not None:
+            short = _check_layer(branch.shortcut, f"shortcut of {block!r}", names)
+        if branch.scale is None:
+            warnings.append(f"branch {block!r} has no scalar multiplier (rule 3)")
+        if not branch.biases:
+            warnings.append(f"branch {block!r} has no scalar biases (rule 3)")
+        plan.append((block, branch, layer_names, short))
+    classifier = find_classifier(model)
+    cls_names = [_check_layer(layer, "classifier", names) for layer in classifier]
+    if not classifier:
+        warnings.append(f"{type(model).__name__} declares no classifier (`classifier_layers()`); "
+                        "no output layer was zeroed")
+    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
+    for rec in norms:
+        warnings.append(f"normalisation layer {rec.name!r} ({rec.type}) is still present; Fixup replaces it")
+    if strict and warnings:
+        raise ValueError("fixup_init_(strict=True) refused the model:\n  - " + "\n  - ".join(warnings))
+
+    records: list[BranchRecord] = []
+    handled = set(seen) | {id(c) for c in classifier}
+    with torch.no_grad():
+        for block, branch, layer_names, short in plan:
+            m = branch.depth
+            factor = (branch_scale(L, m) if depth_scaling else 1.0) * rescale
+            scaled = []
+            for layer, lname in zip(branch.layers[:-1], layer_names[:-1]):
+                std = he_std(layer.weight, mode) * factor
+                _draw_(layer, std, generator)
+                scaled.append(_record(lname, layer, std))
+            last = branch.layers[-1]
+            _draw_(last, 0.0, generator)
+            for scalar in (*branch.biases, *([branch.scale] if branch.scale is not None else [])):
+                scalar.reset_parameters()
+            shortcut_rec = None
+            if branch.shortcut is not None:
+                std = he_std(branch.shortcut.weight, mode)
+                _draw_(branch.shortcut, std, generator)
+                shortcut_rec = _record(short, branch.shortcut, std)
+                handled.add(id(branch.shortcut))
+            records.append(BranchRecord(block, branch.kind, m, factor, scaled, _record(layer_names[-1], last, 0.0),
+                                        len(branch.biases), branch.scale is not None, shortcut_rec))
+        cls_records = []
+        for layer, lname in zip(classifier, cls_names):
+            _draw_(layer, 0.0, generator)
+            cls_records.append(_record(lname, layer, 0.0))
+        other, untouched, num_scalars = [], [], 0
+        for name, mod in model.named_modules():
+            if isinstance(mod, (Bias, Scale)):
+                mod.reset_parameters()
+                num_scalars += 1
+            elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
+                std = he_std(mod.weight, mode)
+                _draw_(mod, std, generator)
+                other.append(_record(name, mod, std))
+            elif id(mod) not in handled and any(True for _ in mod.parameters(recurse=False)):
+                untouched.append(f"{name} ({type(mod).__name__})")
+    return FixupReport(
+        num_branches=L, branches=records, classifier=cls_records, other_layers=other, untouched=untouched,
+        num_scalars=num_scalars, normalization=norms, warnings=warnings,
+        method="fixup" if depth_scaling and rescale == 1.0 else "fixup (ablation)",
+        fan_mode=mode, depth_scaling=depth_scaling, rescale=rescale,
+    )

@@ -1,0 +1,178 @@
+"""CIFAR ResNets of depth 6n+2 with basic blocks (He et al. 2016, section 4.2), in Fixup and baseline forms.
+
+Three stages of n blocks with 16, 32 and 64 channels; the paper's CIFAR models (Fixup, section 4.1) use
+shortcut option A: strided subsampling plus zero channels, parameter-free. Option B is a 1x1 projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..branch import Branch
+from ..nn import Bias, Scale, residual_add
+from ._common import check_norm, finish, make_norm, name_blocks
+from ._registry import register_model
+
+__all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
+
+_NORMS = ("fixup", "batchnorm", "groupnorm", "none")
+
+
+def _scalar(module: type[nn.Module], on: bool) -> nn.Module:
+    return module() if on else nn.Identity()
+
+
+class ZeroPadShortcut(nn.Module):
+    """Shortcut option A: subsample by ``stride`` and append zero channels; no parameters."""
+
+    def __init__(self, stride: int, extra_channels: int) -> None:
+        super().__init__()
+        self.stride, self.extra = stride, extra_channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x[:, :, :: self.stride, :: self.stride]
+        return F.pad(x, (0, 0, 0, 0, 0, self.extra))  # (B, C + extra, H/s, W/s)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions on the branch; ``relu(shortcut(x) + F(x))``.
+
+    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. Normalised forms put
+    the norm after each convolution; ``norm="none"`` is the bare network.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", shortcut: str = "A") -> None:
+        super().__init__()
+        fixup = norm == "fixup"
+        self.block_name = "BasicBlock"
+        self.bias1a, self.bias1b = _scalar(Bias, fixup), _scalar(Bias, fixup)
+        self.bias2a, self.bias2b = _scalar(Bias, fixup), _scalar(Bias, fixup)
+        self.scale = _scalar(Scale, fixup)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
+        self.norm1 = make_norm(norm, out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
+        self.norm2 = make_norm(norm, out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.projection: nn.Conv2d | None = None
+        if stride == 1 and in_ch == out_ch:
+            self.shortcut: nn.Module = nn.Identity()
+        elif shortcut == "A":
+            if out_ch < in_ch:
+                raise ValueError(f"shortcut option A cannot shrink channels ({in_ch} -> {out_ch}); use option B")
+            self.shortcut = ZeroPadShortcut(stride, out_ch - in_ch)
+        elif shortcut == "B":
+            self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False)
+            self.shortcut = nn.Sequential(self.projection, make_norm(norm, out_ch))
+        else:
+            raise ValueError(f"shortcut must be 'A' (subsample and zero-pad) or 'B' (1x1 projection), got {shortcut!r}")
+
+    def residual_branches(self) -> Sequence[Branch]:
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b) if isinstance(m, Bias)]
+        scale = self.scale if isinstance(self.scale, Scale) else None
+        return [Branch([self.conv1, self.conv2], "basic", biases=biases, scale=scale, shortcut=self.projection)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.bias1a(x)
+        out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
+        out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))
+        return self.relu(residual_add(self.shortcut(x), out, self.block_name))
+
+
+def check_cifar_depth(depth: int) -> int:
+    """Blocks per stage n for a CIFAR ResNet of ``depth`` = 6n + 2 layers."""
+    if not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 56, 110, 1202, ...), "
+                         f"got {depth!r}; the nearest valid depths are {_nearest(depth, 6, 2, 8)}")
+    return (depth - 2) // 6
+
+
+def _nearest(depth: object, step: int, offset: int, minimum: int) -> str:
+    try:
+        d = int(depth)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return f"{minimum} and up"
+    low = max(minimum, (d - offset) // step * step + offset)
+    return f"{low} and {low + step}" if low != d else str(low + step)
+
+
+class CifarResNet(nn.Module):
+    """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
+
+    def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
+                 norm: str = "fixup", shortcut: str = "A") -> None:
+        super().__init__()
+        n = check_cifar_depth(depth)
+        check_norm(norm, _NORMS)
+        self.depth, self.norm = depth, norm
+        fixup = norm == "fixup"
+        self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
+        self.norm1 = make_norm(norm, width)
+        self.bias1 = _scalar(Bias, fixup)
+        self.relu = nn.ReLU(inplace=True)
+        stages, in_ch = [], width
+        for i, out_ch in enumerate((width, 2 * width, 4 * width)):
+            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, norm, shortcut)
+                      for j in range(n)]
+            stages.append(nn.Sequential(*blocks))
+            in_ch = out_ch
+        self.layer1, self.layer2, self.layer3 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.bias2 = _scalar(Bias, fixup)
+        self.fc = nn.Linear(in_ch, num_classes)
+        name_blocks(self)
+
+    def classifier_layers(self) -> Sequence[nn.Module]:
+        return [self.fc]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x = self.relu(self.bias1(self.norm1(self.conv1(x))))
+        return self.layer3(self.layer2(self.layer1(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.flatten(self.pool(self.forward_features(x)), 1)
+        return self.fc(self.bias2(x))
+
+
+def _build(depth: int, norm: str = "fixup", init: str | None = None, generator: torch.Generator | None = None,
+           **kwargs) -> CifarResNet:
+    return finish(CifarResNet(depth, norm=norm, **kwargs), norm, init, generator=generator)
+
+
+@register_model
+def resnet_cifar(depth: int = 20, **kwargs) -> CifarResNet:
+    """CIFAR ResNet of any depth 6n+2."""
+    return _build(depth, **kwargs)
+
+
+@register_model
+def resnet20(**kwargs) -> CifarResNet:
+    return _build(20, **kwargs)
+
+
+@register_model
+def resnet32(**kwargs) -> CifarResNet:
+    return _build(32, **kwargs)
+
+
+@register_model
+def resnet44(**kwargs) -> CifarResNet:
+    return _build(44, **kwargs)
+
+
+@register_model
+def resnet56(**kwargs) -> CifarResNet:
+    return _build(56, **kwargs)
+
+
+@register_model
+def resnet110(**kwargs) -> CifarResNet:
+    return _build(110, **kwargs)
+
+
+@register_model
+def resnet1202(**kwargs) -> CifarResNet:
+    return _build(1202, **kwargs)

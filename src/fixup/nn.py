@@ -1,0 +1,59 @@
+"""Scalar parameters of the Fixup parameterisation, and the checked residual sum.
+
+Fixup's rule 3 (Zhang, Dauphin & Ma, ICLR 2019, section 3) adds to every residual branch one
+scalar multiplier, initially 1, and scalar biases, initially 0, before each convolution, linear
+layer and element-wise activation. These are single numbers shared by the whole tensor, not
+per-channel parameters as in a normalisation layer's affine transform.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Bias", "Scale", "residual_add"]
+
+
+class Bias(nn.Module):
+    """A learnable scalar shift ``x + b``; ``b`` starts at 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.bias
+
+
+class Scale(nn.Module):
+    """A learnable scalar multiplier ``s * x``; ``s`` starts at 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.scale.fill_(1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.scale
+
+
+def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block") -> Tensor:
+    """Return ``shortcut + branch`` after checking that both have the same full shape.
+
+    A plain ``+`` would broadcast a branch of the wrong width or size into a result that looks
+    valid; this names the block and both shapes instead.
+    """
+    if shortcut.shape != branch.shape:
+        raise ValueError(
+            f"{block}: residual branch output has shape {tuple(branch.shape)} but the shortcut has "
+            f"shape {tuple(shortcut.shape)}; they must match exactly. Give the shortcut a projection "
+            "(or subsampling) to the branch's shape, or correct the branch's width and stride."
+        )
+    return shortcut + branch
