@@ -65,7 +65,8 @@ def describe_norm(name: str, module: nn.Module) -> NormRecord | None:
     elif isinstance(module, nn.modules.instancenorm._InstanceNorm):
         axes, affine, running = "spatial, per example and channel", module.affine, module.track_running_stats
     elif isinstance(module, nn.GroupNorm):
-        axes = f"{module.num_channels // module.num_groups} channels x spatial, per example ({module.num_groups} groups)"
+        groups = module.num_groups
+        axes = f"{module.num_channels // groups} channels x spatial, per example ({groups} groups)"
         affine, running = module.affine, False
     elif isinstance(module, nn.LayerNorm):
         axes = f"last {len(module.normalized_shape)} dim(s) {list(module.normalized_shape)}, per example"
