@@ -7,7 +7,7 @@
 9
 """
 
-from .branch import Branch, FixupClassifier, ResidualBlock
+from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .init import branch_scale, fixup_init_
 from .models import create_model, list_models, register_model
 from .nn import Bias, Scale, residual_add
@@ -22,6 +22,7 @@ __all__ = [
     "FixupReport",
     "ResidualBlock",
     "Scale",
+    "WeightSlice",
     "branch_scale",
     "create_model",
     "fixup_init_",

@@ -7,6 +7,11 @@ depth-scaled). A model declares its classifier. Nothing is found by matching par
 
 A module takes part by defining ``residual_branches(self) -> Sequence[Branch]``; a model names its
 classifier layers with ``classifier_layers(self) -> Sequence[nn.Module]``.
+
+A branch layer is normally a module with a ``weight`` (``nn.Linear``, ``nn.Conv*``). Where several
+weight layers are fused into one parameter, as the query, key and value projections in
+``nn.MultiheadAttention.in_proj_weight``, each one is declared as a :class:`WeightSlice`: a block of
+rows of that parameter, initialised with its own fan as if it were a separate layer.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from torch import nn
+from torch import Tensor, nn
 
 from .nn import Bias, Scale
 
@@ -24,6 +29,7 @@ __all__ = [
     "Branch",
     "FixupClassifier",
     "ResidualBlock",
+    "WeightSlice",
     "find_branches",
     "find_classifier",
 ]
@@ -32,12 +38,70 @@ __all__ = [
 WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+@dataclass(frozen=True)
+class WeightSlice:
+    """Rows ``rows[0]:rows[1]`` of the parameter ``module.<param>``, declared as one weight layer.
+
+    ``WeightSlice(mha, "in_proj_weight", (0, E), "in_proj_bias")`` is the query projection of an
+    ``nn.MultiheadAttention`` with embedding size E (its keys are rows E:2E, its values 2E:3E).
+    ``weight`` and ``bias`` are views into the module's parameters, so initialising them in place
+    initialises the model; the module itself stays as it is (its fused kernels, its state_dict).
+
+    Attributes:
+        module: the module that owns the parameter.
+        param: the parameter's attribute name on ``module``.
+        rows: ``(start, stop)`` rows of the parameter along dim 0; ``None`` for the whole parameter.
+        bias: the attribute name of the matching bias vector (sliced with ``bias_rows``), if any.
+        bias_rows: rows of the bias; defaults to ``rows``.
+    """
+
+    module: nn.Module
+    param: str
+    rows: tuple[int, int] | None = None
+    bias_param: str | None = None
+    bias_rows: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        weight = getattr(self.module, self.param, None)
+        if not isinstance(weight, Tensor):
+            raise ValueError(f"{type(self.module).__name__} has no tensor parameter {self.param!r}; "
+                             "a WeightSlice must name an existing weight parameter")
+        if self.rows is not None and not (0 <= self.rows[0] < self.rows[1] <= weight.shape[0]):
+            raise ValueError(f"rows {self.rows} are outside {self.param} (dim 0 has {weight.shape[0]} rows); "
+                             "give (start, stop) with 0 <= start < stop <= rows")
+
+    @property
+    def weight(self) -> Tensor:
+        """A view of the declared rows of the weight."""
+        weight = getattr(self.module, self.param)
+        return weight if self.rows is None else weight[self.rows[0]:self.rows[1]]
+
+    @property
+    def bias(self) -> Tensor | None:
+        """A view of the matching rows of the bias vector, or ``None``."""
+        if self.bias_param is None or getattr(self.module, self.bias_param, None) is None:
+            return None
+        bias = getattr(self.module, self.bias_param)
+        rows = self.bias_rows or self.rows
+        return bias if rows is None else bias[rows[0]:rows[1]]
+
+    @property
+    def key(self) -> tuple[int, str, tuple[int, int] | None]:
+        """Identifies the declared weight: two slices with the same key are the same layer."""
+        return (id(self.module), self.param, self.rows)
+
+    def label(self) -> str:
+        """``param[start:stop]``, appended to the owner's qualified name in reports."""
+        return self.param if self.rows is None else f"{self.param}[{self.rows[0]}:{self.rows[1]}]"
+
+
 @dataclass
 class Branch:
     """One residual branch F of a block ``y = shortcut(x) + F(x)``.
 
     Attributes:
-        layers: the weight layers on F's path, in execution order. The last one is zeroed; the others
+        layers: the weight layers on F's path, in execution order: modules with a ``weight``, or
+            :class:`WeightSlice` for a part of a fused parameter. The last one is zeroed; the others
             are He-initialised and multiplied by ``L ** (-1 / (2m - 2))``.
         kind: a short name of the branch type ("basic", "bottleneck", "attention", "ffn", ...).
         m: the number of weight layers that multiply along the path. Defaults to ``len(layers)``;
@@ -48,7 +112,7 @@ class Branch:
         shortcut: the shortcut's projection layer, if the shortcut is not the identity.
     """
 
-    layers: Sequence[nn.Module]
+    layers: Sequence[nn.Module | WeightSlice]
     kind: str = "branch"
     m: int | None = None
     biases: Sequence[Bias] = field(default_factory=list)

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from .branch import WEIGHT_LAYERS, Branch, find_branches, find_classifier
+from .branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_classifier
 from .nn import Bias, Scale
 from .report import BranchRecord, FixupReport, LayerRecord, describe_norm
 
@@ -57,8 +57,17 @@ def he_std(weight: torch.Tensor, mode: str = "fan_out") -> float:
     return math.sqrt(2.0 / (fan_in if mode == "fan_in" else fan_out))
 
 
-def _record(name: str, layer: nn.Module, std: float) -> LayerRecord:
-    return LayerRecord(name, type(layer).__name__, list(layer.weight.shape), float(std))
+def _record(name: str, layer: nn.Module | WeightSlice, std: float) -> LayerRecord:
+    if isinstance(layer, WeightSlice):
+        kind = f"{type(layer.module).__name__}.{layer.param}"
+    else:
+        kind = type(layer).__name__
+    return LayerRecord(name, kind, list(layer.weight.shape), float(std))
+
+
+def _key(layer: nn.Module | WeightSlice) -> object:
+    """What makes two declared layers the same layer (a module, or a block of a parameter)."""
+    return layer.key if isinstance(layer, WeightSlice) else id(layer)
 
 
 def _draw_(layer: nn.Module, std: float, generator: torch.Generator | None) -> None:
@@ -76,9 +85,13 @@ def _check_layer(layer: object, where: str, names: dict[int, str]) -> str:
             f"{where}: {type(layer).__name__} has no `weight` tensor; branch layers must be weight layers "
             "(nn.Linear or nn.Conv*). Declare only the weight layers of the branch, in execution order."
         )
-    if id(layer) not in names:
-        raise ValueError(f"{where}: a declared layer ({type(layer).__name__}) is not a submodule of the model")
-    return names[id(layer)]
+    owner = layer.module if isinstance(layer, WeightSlice) else layer
+    if id(owner) not in names:
+        raise ValueError(f"{where}: a declared layer ({type(owner).__name__}) is not a submodule of the "
+                         "model")
+    if isinstance(layer, WeightSlice):
+        return f"{names[id(owner)]}.{layer.label()}" if names[id(owner)] else layer.label()
+    return names[id(owner)]
 
 
 def fixup_init_(
@@ -119,7 +132,7 @@ def fixup_init_(
         )
     L = len(branches)
     warnings: list[str] = []
-    seen: dict[int, str] = {}
+    seen: dict[object, str] = {}
     plan: list[tuple[str, Branch, list[str], str | None]] = []
     for block, branch in branches:
         if not branch.layers:
@@ -127,10 +140,11 @@ def fixup_init_(
                              "(its last weight layer is the one rule 1 zeroes)")
         layer_names = [_check_layer(layer, f"branch {block!r}", names) for layer in branch.layers]
         for layer, lname in zip(branch.layers, layer_names):
-            if id(layer) in seen:
-                raise ValueError(f"weight layer {lname!r} is declared in two residual branches ({seen[id(layer)]!r} "
-                                 f"and {block!r}); a layer shared between branches cannot be counted")
-            seen[id(layer)] = block
+            if _key(layer) in seen:
+                raise ValueError(f"weight layer {lname!r} is declared in two residual branches "
+                                 f"({seen[_key(layer)]!r} and {block!r}); a layer shared between branches "
+                                 "cannot be counted")
+            seen[_key(layer)] = block
         if branch.depth < 1:
             raise ValueError(f"residual branch {block!r} has m={branch.depth}; m must be at least 1")
         short = None
@@ -153,7 +167,9 @@ def fixup_init_(
         raise ValueError("fixup_init_(strict=True) refused the model:\n  - " + "\n  - ".join(warnings))
 
     records: list[BranchRecord] = []
-    handled = set(seen) | {id(c) for c in classifier}
+    # Modules whose weights the rule set; a module declared through WeightSlices counts as handled.
+    handled = {id(layer.module) if isinstance(layer, WeightSlice) else id(layer)
+               for _, branch, _, _ in plan for layer in branch.layers} | {id(c) for c in classifier}
     with torch.no_grad():
         for block, branch, layer_names, short in plan:
             m = branch.depth
