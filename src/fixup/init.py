@@ -4,8 +4,9 @@ Zhang, Dauphin & Ma, "Fixup Initialization: Residual Learning Without Normalizat
 section 3, with L residual branches of m weight layers each:
 
 1. the classifier and the last weight layer of every residual branch start at zero;
-2. every other weight layer gets a standard (He) initialisation, and the weights inside residual
-   branches are then multiplied by ``L ** (-1 / (2m - 2))``;
+2. every other weight layer gets a standard initialisation (He by default; Xavier where that is the
+   architecture's standard, as for the Transformer in the authors' fairseq code), and the weights
+   inside residual branches are then multiplied by ``L ** (-1 / (2m - 2))``;
 3. every branch carries a scalar multiplier (1) and scalar biases (0) before each convolution,
    linear layer and element-wise activation.
 
@@ -23,9 +24,13 @@ from .branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_clas
 from .nn import Bias, Scale
 from .report import BranchRecord, FixupReport, LayerRecord, describe_norm
 
-__all__ = ["FAN_MODES", "branch_scale", "fixup_init_", "he_std"]
+__all__ = ["BASE_INITS", "FAN_MODES", "base_std", "branch_scale", "fixup_init_", "he_std", "xavier_std"]
 
 FAN_MODES = ("fan_in", "fan_out")
+# The standard initialisation rule 2 starts from before depth scaling: He et al. (2015) for ReLU
+# networks (the paper's ResNets), Glorot & Bengio (2010) "Xavier" for the Transformer, whose
+# attention projections are not followed by a ReLU (the authors' fairseq code, Fixup section 5).
+BASE_INITS = ("he", "xavier")
 
 
 def branch_scale(L: int, m: int) -> float:
@@ -55,6 +60,19 @@ def he_std(weight: torch.Tensor, mode: str = "fan_out") -> float:
         raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
     fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(weight)
     return math.sqrt(2.0 / (fan_in if mode == "fan_in" else fan_out))
+
+
+def xavier_std(weight: torch.Tensor) -> float:
+    """Glorot & Bengio (2010) normal std ``sqrt(2 / (fan_in + fan_out))``."""
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(weight)
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+def base_std(weight: torch.Tensor, base: str = "he", mode: str = "fan_out") -> float:
+    """The std of the standard initialisation ``base`` ("he" with fan ``mode``, or "xavier")."""
+    if base not in BASE_INITS:
+        raise ValueError(f"base must be one of {BASE_INITS}, got {base!r}")
+    return he_std(weight, mode) if base == "he" else xavier_std(weight)
 
 
 def _record(name: str, layer: nn.Module | WeightSlice, std: float) -> LayerRecord:
@@ -102,6 +120,7 @@ def fixup_init_(
     strict: bool = False,
     depth_scaling: bool = True,
     rescale: float = 1.0,
+    base: str = "he",
 ) -> FixupReport:
     """Apply the Fixup rule to ``model`` in place and return the accounting report.
 
@@ -114,12 +133,18 @@ def fixup_init_(
             normalisation layer is still present, or no classifier is declared.
         depth_scaling: apply rule 2's factor (``False`` is the paper's "no depth scaling" ablation).
         rescale: multiply rule 2's factor by this number (0.1 and 10 are the paper's ablations).
+        base: the standard initialisation of rule 2, drawn from a normal distribution: ``"he"``
+            (default, ``sqrt(2 / fan)`` with ``mode``) or ``"xavier"`` (``sqrt(2 / (fan_in + fan_out))``,
+            what the authors' Transformer starts from). It applies to branch layers before depth
+            scaling, to shortcut projections and to other weight layers alike.
 
     Every check runs before any weight changes, so a model is never left half-initialised.
     Calling it again draws a fresh model from the same distribution and gives the same report.
     """
     if mode not in FAN_MODES:
         raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
+    if base not in BASE_INITS:
+        raise ValueError(f"base must be one of {BASE_INITS}, got {base!r}")
     if not (rescale > 0 and math.isfinite(rescale)):
         raise ValueError(f"rescale must be a positive finite number, got {rescale!r}")
     names = {id(mod): name for name, mod in model.named_modules()}
@@ -176,7 +201,7 @@ def fixup_init_(
             factor = (branch_scale(L, m) if depth_scaling else 1.0) * rescale
             scaled = []
             for layer, lname in zip(branch.layers[:-1], layer_names[:-1]):
-                std = he_std(layer.weight, mode) * factor
+                std = base_std(layer.weight, base, mode) * factor
                 _draw_(layer, std, generator)
                 scaled.append(_record(lname, layer, std))
             last = branch.layers[-1]
@@ -185,7 +210,7 @@ def fixup_init_(
                 scalar.reset_parameters()
             shortcut_rec = None
             if branch.shortcut is not None:
-                std = he_std(branch.shortcut.weight, mode)
+                std = base_std(branch.shortcut.weight, base, mode)
                 _draw_(branch.shortcut, std, generator)
                 shortcut_rec = _record(short, branch.shortcut, std)
                 handled.add(id(branch.shortcut))
@@ -201,7 +226,7 @@ def fixup_init_(
                 mod.reset_parameters()
                 num_scalars += 1
             elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
-                std = he_std(mod.weight, mode)
+                std = base_std(mod.weight, base, mode)
                 _draw_(mod, std, generator)
                 other.append(_record(name, mod, std))
             elif id(mod) not in handled and any(True for _ in mod.parameters(recurse=False)):
@@ -210,5 +235,5 @@ def fixup_init_(
         num_branches=L, branches=records, classifier=cls_records, other_layers=other, untouched=untouched,
         num_scalars=num_scalars, normalization=norms, warnings=warnings,
         method="fixup" if depth_scaling and rescale == 1.0 else "fixup (ablation)",
-        fan_mode=mode, depth_scaling=depth_scaling, rescale=rescale,
+        fan_mode=mode, depth_scaling=depth_scaling, rescale=rescale, base_init=base,
     )

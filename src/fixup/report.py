@@ -92,6 +92,7 @@ class FixupReport:
     fan_mode: str = "fan_out"
     depth_scaling: bool = True
     rescale: float = 1.0
+    base_init: str = "he"
 
     @property
     def shortcuts(self) -> list[LayerRecord]:
@@ -122,7 +123,8 @@ class FixupReport:
 
     def format(self, max_branches: int = 12) -> str:
         """The report as a table; at most ``max_branches`` branches are listed one by one."""
-        lines = [f"Accounting report: method {self.method}, He init with {self.fan_mode}"]
+        base = f"He init with {self.fan_mode}" if self.base_init == "he" else "Xavier (Glorot) normal init"
+        lines = [f"Accounting report: method {self.method}, {base}"]
         scaling = "depth scaling on" if self.depth_scaling else "depth scaling OFF (ablation)"
         if self.rescale != 1.0:
             scaling += f", factor x{self.rescale:g} (ablation)"
@@ -140,7 +142,8 @@ class FixupReport:
         if self.shortcuts:
             lines.append(f"shortcut projections (He, not depth-scaled): {len(self.shortcuts)}")
         if self.other_layers:
-            lines.append("other weight layers (He, not depth-scaled): "
+            base = "He" if self.base_init == "he" else "Xavier"
+            lines.append(f"other weight layers ({base}, not depth-scaled): "
                          + ", ".join(map(str, self.other_layers[:4]))
                          + (f", ... {len(self.other_layers) - 4} more" if len(self.other_layers) > 4 else ""))
         if self.untouched:

@@ -1,6 +1,6 @@
 """Registered architectures. Importing this package registers every builder."""
 
-from . import resnet_cifar
+from . import resnet_cifar, transformer
 from ._registry import create_model, list_models, register_model
 
-__all__ = ["create_model", "list_models", "register_model", "resnet_cifar"]
+__all__ = ["create_model", "list_models", "register_model", "resnet_cifar", "transformer"]

@@ -1,0 +1,1 @@
+"""Data: images and parallel text, read from local files or generated."""

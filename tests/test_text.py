@@ -1,0 +1,108 @@
+"""Parallel text and the generated translation task: reproducibility, vocabularies, batching, filtering."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixup.data.synthetic_translation import (
+    SyntheticTranslationConfig,
+    make_lexicon,
+    word_for_word,
+    write_synthetic_task,
+)
+from fixup.data.text import BOS, EOS, PAD, load_parallel_data, token_batches
+from fixup.translation import corpus_bleu
+
+SMALL = SyntheticTranslationConfig(seed=7, train=1500, valid=60, test=60)
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_generated_task_is_reproducible_from_its_seed(tmp_path):
+    a, b = write_synthetic_task(tmp_path / "a", SMALL), write_synthetic_task(tmp_path / "b", SMALL)
+    assert _files(a) == _files(b)
+    other_cfg = SyntheticTranslationConfig(seed=8, train=1500, valid=60, test=60)
+    other = write_synthetic_task(tmp_path / "c", other_cfg)
+    assert _files(other)["train.src"] != _files(a)["train.src"]
+    for split, n in (("train", 1500), ("valid", 60), ("test", 60)):
+        assert len((a / f"{split}.src").read_text().splitlines()) == n
+        assert len((a / f"{split}.tgt").read_text().splitlines()) == n
+
+
+def test_generated_task_is_not_a_copy_task(tmp_path):
+    folder = write_synthetic_task(tmp_path, SMALL)
+    src = (folder / "test.src").read_text().splitlines()
+    tgt = (folder / "test.tgt").read_text().splitlines()
+    assert corpus_bleu(src, tgt).bleu < 2.0  # copying the source scores about zero
+    train_src = set((folder / "train.src").read_text().splitlines())
+    assert not train_src & set(src)  # test sentences are unseen
+    lex = make_lexicon(SMALL)
+    assert not lex.src_vocabulary() & lex.tgt_vocabulary()
+    assert 200 <= len(lex.src_vocabulary()) <= 400  # "a few hundred words"
+    # A dictionary that knows every word but not order or agreement stays far from the reference.
+    gloss = [word_for_word(s, lex) for s in src]
+    assert 1.0 < corpus_bleu(gloss, tgt).bleu < 25.0
+
+
+def test_agreement_and_verb_second():
+    """A present-tense main clause with a pronoun subject puts the person-marked verb second."""
+    import random
+
+    from fixup.data.synthetic_translation import _VERB_ENDINGS, generate_pairs
+
+    cfg = SyntheticTranslationConfig(seed=1, p_second_clause=0.0, p_pronoun=1.0, p_pp=0.0, p_adverb=0.0)
+    lex = make_lexicon(cfg)
+    checked = 0
+    for src, tgt in generate_pairs(cfg, lex, 200, random.Random(0)):
+        s, t = src.removesuffix(".").split(), tgt.removesuffix(".").split()
+        if s[-1] in lex.src["tense"]:
+            continue
+        person = lex.src["pronoun"].index(s[0])
+        verb = lex.src["verb"].index(s[-1])  # source: verb-final
+        assert t[1] == lex.tgt["verb"][verb] + _VERB_ENDINGS[person]  # target: verb-second, agreeing
+        checked += 1
+    assert checked > 50
+
+
+def test_text_pipeline_roundtrip_and_vocabulary_reuse(tmp_path):
+    data_dir = write_synthetic_task(tmp_path / "data", SMALL)
+    data = load_parallel_data(data_dir, tmp_path / "run", vocab_size=300)
+    assert (tmp_path / "run" / "spm.src.model").is_file() and (tmp_path / "run" / "spm.tgt.model").is_file()
+    assert len(data.pairs["train"]) == 1500 and data.filtered == 0
+    src, tgt = data.pairs["valid"][0]
+    assert src[-1] == EOS and tgt[0] == BOS and tgt[-1] == EOS and PAD not in src
+    assert data.tgt_vocab.decode(tgt) == data.references["valid"][0]
+    assert data.src_vocab.decode(src) == data.sources["valid"][0]
+    again = load_parallel_data(data_dir, tmp_path / "run", vocab_size=999)  # reuses the saved models
+    assert again.pairs["train"] == data.pairs["train"]
+    joint = load_parallel_data(data_dir, tmp_path / "joint", vocab_size=400, joint_vocab=True)
+    assert joint.joint and (tmp_path / "joint" / "spm.joint.model").is_file()
+
+
+def test_length_filter_and_alignment_errors(tmp_path):
+    data_dir = write_synthetic_task(tmp_path / "data", SMALL)
+    data = load_parallel_data(data_dir, tmp_path / "run", vocab_size=300, max_len=12)
+    assert data.filtered > 0 and len(data.pairs["train"]) == 1500 - data.filtered
+    assert all(len(s) <= 12 and len(t) - 1 <= 12 for s, t in data.pairs["train"])
+    assert len(data.pairs["test"]) == 60  # evaluation splits are never filtered
+    lines = (data_dir / "valid.tgt").read_text().splitlines()
+    (data_dir / "valid.tgt").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match="must align"):
+        load_parallel_data(data_dir, tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match="no text file"):
+        load_parallel_data(tmp_path / "nowhere", tmp_path / "run")
+
+
+def test_token_batches_cover_every_pair_once_within_budget():
+    pairs = [([5] * (1 + i % 17), [5] * (2 + (i * 7) % 13)) for i in range(500)]
+    for shuffle in (False, True):
+        batches = token_batches(pairs, 64, shuffle=shuffle, seed=3)
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        for b in batches:
+            assert len(b) * max(max(len(pairs[i][0]), len(pairs[i][1])) for i in b) <= 64
+    assert token_batches(pairs, 64, shuffle=True, seed=3) == token_batches(pairs, 64, shuffle=True, seed=3)
+    assert token_batches(pairs, 64, shuffle=True, seed=3) != token_batches(pairs, 64, shuffle=True, seed=4)
+    with pytest.raises(ValueError, match="max_tokens"):
+        token_batches(pairs, 8)
