@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["BranchRecord", "FixupReport", "LayerRecord", "NormRecord", "describe_norm"]
+__all__ = ["BranchRecord", "FixupReport", "LSUVRecord", "LayerRecord", "NormRecord", "describe_norm"]
 
 
 @dataclass
@@ -58,6 +58,24 @@ class NormRecord:
     running_stats: bool
 
 
+@dataclass
+class LSUVRecord:
+    """One weight layer as LSUV left it: output variance on the batch before and after rescaling."""
+
+    name: str
+    type: str
+    shape: list[int]
+    iterations: int
+    variance_before: float
+    variance: float
+    converged: bool
+
+    def __str__(self) -> str:
+        mark = "" if self.converged else " (NOT within tolerance)"
+        return (f"{self.name} ({self.type}): output variance {self.variance_before:.4g} -> {self.variance:.4g} "
+                f"in {self.iterations} step(s){mark}")
+
+
 def describe_norm(name: str, module: nn.Module) -> NormRecord | None:
     """A record for a normalisation module, or ``None`` if ``module`` is not one."""
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -93,6 +111,19 @@ class FixupReport:
     depth_scaling: bool = True
     rescale: float = 1.0
     base_init: str = "he"
+    # For methods other than Fixup: how the weights were drawn (e.g. "Xavier uniform"); empty means He.
+    scheme: str = ""
+    # The multiplier on each residual block's output x + F(x) (1/sqrt(2) for that baseline, else 1).
+    output_scale: float = 1.0
+    # Tensors zeroed outside rule 1 (normalisation gains, branch weights of the zero-branch ablation).
+    zeroed: list[str] = field(default_factory=list)
+    # What a data-dependent initialisation (LSUV) did, layer by layer, once it has run.
+    data_init: list[LSUVRecord] = field(default_factory=list)
+
+    @property
+    def is_fixup(self) -> bool:
+        """Whether this report describes Fixup or one of its ablations."""
+        return self.method.startswith("fixup")
 
     @property
     def shortcuts(self) -> list[LayerRecord]:
@@ -119,10 +150,13 @@ class FixupReport:
         fields["classifier"] = [LayerRecord(**c) for c in data["classifier"]]
         fields["other_layers"] = [LayerRecord(**c) for c in data.get("other_layers", [])]
         fields["normalization"] = [NormRecord(**n) for n in data.get("normalization", [])]
+        fields["data_init"] = [LSUVRecord(**r) for r in data.get("data_init", [])]
         return cls(**fields)
 
     def format(self, max_branches: int = 12) -> str:
         """The report as a table; at most ``max_branches`` branches are listed one by one."""
+        if not self.is_fixup:
+            return self._format_plain()
         base = f"He init with {self.fan_mode}" if self.base_init == "he" else "Xavier (Glorot) normal init"
         lines = [f"Accounting report: method {self.method}, {base}"]
         scaling = "depth scaling on" if self.depth_scaling else "depth scaling OFF (ablation)"
@@ -152,15 +186,10 @@ class FixupReport:
         biases = sum(b.num_biases for b in self.branches)
         scales = sum(b.has_scale for b in self.branches)
         lines.append(f"scalar parameters: {self.num_scalars} ({biases} branch biases, {scales} multipliers)")
-        if self.normalization:
-            lines.append(f"normalisation still present: {len(self.normalization)} layers")
-            for kind, count in Counter((n.type, n.axes, n.eps, n.affine, n.running_stats)
-                                       for n in self.normalization).items():
-                t, axes, eps, affine, running = kind
-                lines.append(f"  {count} x {t}: over {axes}, eps {eps:g}, affine {affine}, "
-                             f"running statistics {running}")
-        else:
-            lines.append("normalisation still present: none")
+        if self.zeroed:
+            lines.append("also zeroed: " + ", ".join(self.zeroed[:6])
+                         + (f", ... {len(self.zeroed) - 6} more" if len(self.zeroed) > 6 else ""))
+        lines.extend(self._format_norms())
         if self.branches:
             lines.append("branches:")
             for b in self.branches[:max_branches]:
@@ -177,3 +206,41 @@ class FixupReport:
 
     def __str__(self) -> str:
         return self.format()
+
+    def _format_norms(self) -> list[str]:
+        if not self.normalization:
+            return ["normalisation still present: none"]
+        lines = [f"normalisation still present: {len(self.normalization)} layers"]
+        for kind, count in Counter((n.type, n.axes, n.eps, n.affine, n.running_stats)
+                                   for n in self.normalization).items():
+            t, axes, eps, affine, running = kind
+            lines.append(f"  {count} x {t}: over {axes}, eps {eps:g}, affine {affine}, "
+                         f"running statistics {running}")
+        return lines
+
+    def _format_plain(self) -> str:
+        """The report of a method other than Fixup: every weight layer is drawn the same way."""
+        lines = [f"Accounting report: method {self.method}, {self.scheme or 'He init with ' + self.fan_mode}"]
+        lines.append(f"L = {self.num_branches} residual branches, not rescaled (no Fixup rule applies)")
+        if self.output_scale != 1.0:
+            lines.append(f"every residual block's output x + F(x) is multiplied by {self.output_scale:.6g}")
+        layers = self.other_layers
+        lines.append(f"weight layers initialised: {len(layers)}"
+                     + (": " + ", ".join(map(str, layers[:4])) if layers else "")
+                     + (f", ... {len(layers) - 4} more" if len(layers) > 4 else ""))
+        if self.zeroed:
+            lines.append("zeroed: " + ", ".join(self.zeroed[:6])
+                         + (f", ... {len(self.zeroed) - 6} more" if len(self.zeroed) > 6 else ""))
+        if self.untouched:
+            lines.append("left alone: " + ", ".join(self.untouched[:6])
+                         + (f", ... {len(self.untouched) - 6} more" if len(self.untouched) > 6 else ""))
+        lines.append(f"scalar parameters: {self.num_scalars}")
+        lines.extend(self._format_norms())
+        if self.data_init:
+            bad = [r for r in self.data_init if not r.converged]
+            lines.append(f"data-dependent initialisation: {len(self.data_init)} layers rescaled, "
+                         + (f"{len(bad)} NOT within tolerance" if bad else "all within tolerance"))
+            lines.extend(f"  {r}" for r in (bad or self.data_init)[:4])
+        lines.append("warnings: " + ("none" if not self.warnings else ""))
+        lines.extend(f"  - {w}" for w in self.warnings)
+        return "\n".join(lines)

@@ -1,13 +1,19 @@
-"""Pieces shared by the model builders: the normalisation choice and the initialisation step."""
+"""Pieces shared by the model builders: the method choice, the normalisation layer and the initialisation step.
+
+Every builder does the same three things: ``method = method_for(norm, init, allowed_norms)`` before
+building (the method decides which scalars the blocks carry and their output scale), builds, then
+``finish(model, norm, init, ...)``, which initialises for the method (see :mod:`fixup.baselines`) and
+sets ``model.init_report``.
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from ..init import fixup_init_
-from ..report import FixupReport
+from ..baselines import Method, initialise_, resolve_method
 
-__all__ = ["NORMS", "check_norm", "finish", "make_norm", "name_blocks"]
+__all__ = ["NORMS", "Method", "check_norm", "finish", "make_norm", "method_for", "name_blocks", "scalar"]
 
 NORMS = ("fixup", "batchnorm", "groupnorm", "layernorm", "none")
 
@@ -18,8 +24,19 @@ def check_norm(norm: str, allowed: tuple[str, ...]) -> str:
     return norm
 
 
+def method_for(norm: str, init: str | None, allowed: tuple[str, ...]) -> Method:
+    """Check ``norm`` against the architecture's ``allowed`` norms, then resolve the ``(norm, init)`` method."""
+    check_norm(norm, allowed)
+    return resolve_method(norm, init)
+
+
+def scalar(module: type[nn.Module], on: bool) -> nn.Module:
+    """A Fixup scalar (``Bias``/``Scale``) where the method has one, else an identity placeholder."""
+    return module() if on else nn.Identity()
+
+
 def make_norm(norm: str, channels: int, groups: int = 16) -> nn.Module:
-    """The normalisation layer after a convolution: BatchNorm, GroupNorm, or nothing."""
+    """The normalisation layer after a convolution: BatchNorm, GroupNorm (``groups`` groups), or nothing."""
     if norm == "batchnorm":
         return nn.BatchNorm2d(channels)
     if norm == "groupnorm":
@@ -34,28 +51,16 @@ def name_blocks(model: nn.Module) -> None:
             module.block_name = name
 
 
-def finish(model: nn.Module, norm: str, init: str | None, **init_kwargs) -> nn.Module:
-    """Initialise a freshly built model for its method and attach ``model.init_report``.
+def finish(model: nn.Module, norm: str, init: str | None, *, generator: torch.Generator | None = None,
+           zero_init_last_norm: bool = False, base: str = "he") -> nn.Module:
+    """Initialise a freshly built model for the method ``(norm, init)``; sets ``model.init_report``.
 
-    ``norm="fixup"`` applies :func:`fixup.fixup_init_`. Other norms get He initialisation of every
-    convolution (fan_out, as torchvision's ResNet), normalisation gains 1 and shifts 0, and PyTorch's
-    default for linear layers.
+    ``norm="fixup"`` applies :func:`fixup.fixup_init_` (with the ablation's settings); the other methods
+    are in :mod:`fixup.baselines`. ``zero_init_last_norm`` zeroes the gain of each block's last
+    normalisation layer (batchnorm/groupnorm only; off by default, as in the paper's baselines).
+    ``base`` is the standard initialisation rule 2 of Fixup starts from ("he", or "xavier" for the
+    Transformer).
     """
-    report: FixupReport | None = None
-    if norm == "fixup":
-        if init not in (None, "fixup"):
-            raise ValueError(f"init={init!r} does not combine with norm='fixup'; use init=None")
-        report = fixup_init_(model, **init_kwargs)
-    else:
-        if init not in (None, "he"):
-            raise ValueError(f"init={init!r} does not combine with norm={norm!r}; use init='he'")
-        for mod in model.modules():
-            if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-                nn.init.kaiming_normal_(mod.weight, mode="fan_out", nonlinearity="relu")
-                if mod.bias is not None:
-                    nn.init.zeros_(mod.bias)
-            elif isinstance(mod, (nn.BatchNorm2d, nn.GroupNorm)):
-                nn.init.ones_(mod.weight)
-                nn.init.zeros_(mod.bias)
-    model.init_report = report
+    initialise_(model, resolve_method(norm, init), generator=generator, zero_init_last_norm=zero_init_last_norm,
+                base=base)
     return model

@@ -14,16 +14,12 @@ from torch import Tensor, nn
 
 from ..branch import Branch
 from ..nn import Bias, Scale, residual_add
-from ._common import check_norm, finish, make_norm, name_blocks
+from ._common import finish, make_norm, method_for, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
 
 _NORMS = ("fixup", "batchnorm", "groupnorm", "none")
-
-
-def _scalar(module: type[nn.Module], on: bool) -> nn.Module:
-    return module() if on else nn.Identity()
 
 
 class ZeroPadShortcut(nn.Module):
@@ -41,21 +37,28 @@ class ZeroPadShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions on the branch; ``relu(shortcut(x) + F(x))``.
 
-    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. Normalised forms put
-    the norm after each convolution; ``norm="none"`` is the bare network.
+    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``, the shortcut taking
+    ``x + b1a`` (as the paper's reference code). Normalised forms put the norm after each convolution;
+    ``norm="none"`` is the bare network. ``biases``/``scale`` (default: ``norm == "fixup"``) switch the
+    scalars for the ablations; ``output_scale`` multiplies ``shortcut(x) + F(x)`` (1/sqrt(2) baseline).
+    The ImageNet ResNet-18/34 use this block with shortcut "B" (torchvision's BasicBlock).
     """
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", shortcut: str = "A") -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", shortcut: str = "A", *,
+                 biases: bool | None = None, scale: bool | None = None, output_scale: float = 1.0,
+                 norm_groups: int = 16) -> None:
         super().__init__()
-        fixup = norm == "fixup"
+        biases = norm == "fixup" if biases is None else biases
+        scale = norm == "fixup" if scale is None else scale
         self.block_name = "BasicBlock"
-        self.bias1a, self.bias1b = _scalar(Bias, fixup), _scalar(Bias, fixup)
-        self.bias2a, self.bias2b = _scalar(Bias, fixup), _scalar(Bias, fixup)
-        self.scale = _scalar(Scale, fixup)
+        self.output_scale = float(output_scale)
+        self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
+        self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, biases)
+        self.scale = scalar(Scale, scale)
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
-        self.norm1 = make_norm(norm, out_ch)
+        self.norm1 = make_norm(norm, out_ch, norm_groups)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
-        self.norm2 = make_norm(norm, out_ch)
+        self.norm2 = make_norm(norm, out_ch, norm_groups)
         self.relu = nn.ReLU(inplace=True)
         self.projection: nn.Conv2d | None = None
         if stride == 1 and in_ch == out_ch:
@@ -66,7 +69,7 @@ class BasicBlock(nn.Module):
             self.shortcut = ZeroPadShortcut(stride, out_ch - in_ch)
         elif shortcut == "B":
             self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False)
-            self.shortcut = nn.Sequential(self.projection, make_norm(norm, out_ch))
+            self.shortcut = nn.Sequential(self.projection, make_norm(norm, out_ch, norm_groups))
         else:
             raise ValueError(f"shortcut must be 'A' (subsample and zero-pad) or 'B' (1x1 projection), got {shortcut!r}")
 
@@ -75,11 +78,18 @@ class BasicBlock(nn.Module):
         scale = self.scale if isinstance(self.scale, Scale) else None
         return [Branch([self.conv1, self.conv2], "basic", biases=biases, scale=scale, shortcut=self.projection)]
 
+    def last_norm(self) -> nn.Module:
+        """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
+        return self.norm2
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
         out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))
-        return self.relu(residual_add(self.shortcut(x), out, self.block_name))
+        out = residual_add(self.shortcut(x), out, self.block_name)
+        if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
+            out = out * self.output_scale
+        return self.relu(out)
 
 
 def check_cifar_depth(depth: int) -> int:
@@ -103,25 +113,26 @@ class CifarResNet(nn.Module):
     """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
 
     def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
-                 norm: str = "fixup", shortcut: str = "A") -> None:
+                 norm: str = "fixup", shortcut: str = "A", init: str | None = None) -> None:
         super().__init__()
         n = check_cifar_depth(depth)
-        check_norm(norm, _NORMS)
+        method = method_for(norm, init, _NORMS)
         self.depth, self.norm = depth, norm
-        fixup = norm == "fixup"
+        block_kwargs = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale}
         self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
         self.norm1 = make_norm(norm, width)
-        self.bias1 = _scalar(Bias, fixup)
+        self.bias1 = scalar(Bias, method.biases)
         self.relu = nn.ReLU(inplace=True)
         stages, in_ch = [], width
         for i, out_ch in enumerate((width, 2 * width, 4 * width)):
-            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, norm, shortcut)
+            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, norm, shortcut,
+                                 **block_kwargs)
                       for j in range(n)]
             stages.append(nn.Sequential(*blocks))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.bias2 = _scalar(Bias, fixup)
+        self.bias2 = scalar(Bias, method.biases)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
 
@@ -138,8 +149,9 @@ class CifarResNet(nn.Module):
 
 
 def _build(depth: int, norm: str = "fixup", init: str | None = None, generator: torch.Generator | None = None,
-           **kwargs) -> CifarResNet:
-    return finish(CifarResNet(depth, norm=norm, **kwargs), norm, init, generator=generator)
+           zero_init_last_norm: bool = False, **kwargs) -> CifarResNet:
+    model = CifarResNet(depth, norm=norm, init=init, **kwargs)
+    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
 
 
 @register_model

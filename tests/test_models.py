@@ -1,0 +1,94 @@
+"""Every registered model in every method: runs, is the identity at init in its Fixup forms, counts right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fixup
+from fixup.baselines import METHODS, data_init_
+from fixup.branch import find_branches
+
+# (builder, keyword arguments, input size): small members of each architecture family, for the method grid.
+TINY = [
+    ("resnet_cifar", {"depth": 8}, 8),
+]
+COMBOS = [(norm, init) for norm, inits in METHODS.items() if norm != "layernorm" for init in inits]
+
+
+def _zero_of(layer: nn.Module) -> bool:
+    return not layer.weight.any()
+
+
+@pytest.mark.parametrize(("norm", "init"), COMBOS)
+@pytest.mark.parametrize(("name", "kwargs", "size"), TINY)
+def test_every_method_runs_forward_and_backward_without_nan(name, kwargs, size, norm, init) -> None:
+    model = fixup.create_model(name, norm=norm, init=init, num_classes=5, generator=torch.Generator().manual_seed(0),
+                               **kwargs)
+    x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(1))
+    data_init_(model, x)
+    out = model(x)
+    assert out.shape == (4, 5) and torch.isfinite(out).all()
+    torch.nn.functional.cross_entropy(out, torch.arange(4) % 5).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    assert model.init_report is not None and model.init_report.num_branches == len(find_branches(model))
+
+
+FIXUP_INITS = list(METHODS["fixup"])
+
+
+@pytest.mark.parametrize("init", FIXUP_INITS)
+@pytest.mark.parametrize(("name", "kwargs", "size"), TINY)
+def test_fixup_forms_are_the_identity_at_init(name, kwargs, size, init) -> None:
+    """Every branch adds exactly zero, so each block returns its shortcut, and the logits are exactly 0."""
+    model = fixup.create_model(name, init=init, **kwargs).eval()
+    branch_outputs: list[torch.Tensor] = []
+    blocks = {}
+    hooks = []
+    for block_name, branch in find_branches(model):
+        hooks.append(branch.layers[-1].register_forward_hook(lambda m, a, y: branch_outputs.append(y) and None))
+        blocks[block_name] = model.get_submodule(block_name)
+    io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def record(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        io[name] = (x, y)
+
+    for block_name, block in blocks.items():
+        hooks.append(block.register_forward_hook(lambda m, a, y, n=block_name: record(n, a[0], y)))
+    with torch.no_grad():
+        logits = model(torch.randn(3, 3, size, size))
+    for h in hooks:
+        h.remove()
+    assert torch.equal(logits, torch.zeros_like(logits))
+    assert len(branch_outputs) == len(blocks) and all(not y.any() for y in branch_outputs)
+    identity_blocks = [n for n, b in blocks.items() if io[n][0].shape == io[n][1].shape]
+    assert identity_blocks
+    for n in identity_blocks:  # same shape in and out: the block is exactly the identity
+        assert torch.equal(io[n][0], io[n][1]), n
+
+
+@pytest.mark.parametrize(("name", "params"), [("resnet20", 0.27e6), ("resnet56", 0.85e6), ("resnet110", 1.7e6)])
+def test_cifar_parameter_counts(name: str, params: float) -> None:
+    with torch.device("meta"):  # counted without allocating or initialising anything
+        model = fixup.models.resnet_cifar.CifarResNet(int(name[6:]), norm="batchnorm")
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=0.03)
+
+
+def test_residual_shape_mismatch_names_the_block() -> None:
+    model = fixup.create_model("resnet_cifar", depth=8, norm="none")
+    model.layer2[0].shortcut = nn.Identity()  # drops the subsampling: 16 channels at 8x8 against 32 at 4x4
+    with pytest.raises(ValueError, match=r"layer2\.0: residual branch output has shape \(1, 32, 4, 4\) but the "
+                                         r"shortcut has shape \(1, 16, 8, 8\)"):
+        model(torch.randn(1, 3, 8, 8))
+
+
+@pytest.mark.slow
+def test_ten_thousand_layer_cifar_resnet_builds_and_runs() -> None:
+    model = fixup.create_model("resnet_cifar", depth=9998, num_classes=10)
+    assert model.init_report.num_branches == 4998
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 8, 8))
+    assert torch.equal(out, torch.zeros(2, 10))
