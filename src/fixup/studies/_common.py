@@ -1,0 +1,88 @@
+"""Helpers the image studies share: the training config of a cell, and running it through the engine.
+
+No training loop lives here: a cell's run is one call of :func:`fixup.train.fit`, with the cell's
+``work`` folder as the engine's output folder (so a killed cell resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .cells import Cell
+from .grid import Grid
+
+__all__ = ["METHODS", "chance_level", "image_cost", "image_train", "method_model_args", "train_cell"]
+
+# A study's method name -> (norm, init) of the model builders (the models issue).
+METHODS: dict[str, tuple[str, str]] = {
+    "fixup": ("fixup", ""),
+    "batchnorm": ("batchnorm", ""),
+    "groupnorm": ("groupnorm", ""),
+    "he": ("none", "he"),  # He initialisation without normalisation
+    "lsuv": ("none", "lsuv"),
+    "sqrt2": ("none", "sqrt2"),  # He init, each block's output x + F(x) multiplied by 1/sqrt(2)
+    **{a: ("fixup", a) for a in ("fixup_no_depth_scale", "fixup_scale_x0.1", "fixup_scale_x10",
+                                 "fixup_zero_branch", "fixup_no_bias", "fixup_no_scale")},
+}
+
+NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+# Training-set sizes and native image sides, for cost estimates only.
+TRAIN_SIZE = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257}
+NATIVE_SIDE = {"digits": 8, "cifar10": 32, "cifar100": 32, "svhn": 32}
+
+
+def image_cost(grid: Grid, depth: int, epochs: float) -> float:
+    """A cell's cost in layer-examples at 8x8 pixels (the unit :mod:`fixup.studies.estimate` calibrates)."""
+    side = grid.image_size or NATIVE_SIDE.get(grid.data, 32)
+    return depth * epochs * TRAIN_SIZE.get(grid.data, 50_000) * (side / 8) ** 2
+
+
+def chance_level(grid: Grid) -> float:
+    return 1.0 / NUM_CLASSES.get(grid.data, 10)
+
+
+def method_model_args(method: str) -> dict[str, str]:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; the studies know {', '.join(METHODS)}")
+    norm, init = METHODS[method]
+    return {"norm": norm, "init": init}
+
+
+def image_train(grid: Grid, method: str, seed: int, **fields: Any) -> dict[str, Any]:
+    """The :class:`fixup.train.TrainConfig` fields of an image cell (only those that differ from defaults)."""
+    train: dict[str, Any] = {"task": "images", "dataset": grid.data, "seed": seed, "device": grid.device,
+                             **method_model_args(method), **fields}
+    if grid.data_dir:
+        train["data_dir"] = grid.data_dir
+    if grid.image_size:
+        train["image_size"] = grid.image_size
+    return train
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
+    """Run the cell's ``config["train"]`` with the engine; return its outcome and per-epoch history.
+
+    A divergence is a result (``outcome == "diverged"``), not an error.
+    """
+    from ..train import TrainConfig, fit
+
+    config = TrainConfig.from_dict(dict(cell.config["train"]))
+    result = fit(config, out_dir=work)
+    history = [{k: v for k, v in row.items() if isinstance(v, (int, float, str)) or v is None}
+               for row in result.history]
+    last = history[-1] if history else {}
+    return {
+        "outcome": result.outcome,
+        "diverged": result.outcome == "diverged",
+        "reason": getattr(result, "reason", ""),
+        "history": history,
+        "test_acc": _finite(last.get("test_acc")) if result.outcome != "diverged" else None,
+        "train_loss": _finite(last.get("train_loss")) if result.outcome != "diverged" else None,
+        "train_acc": _finite(last.get("train_acc")) if result.outcome != "diverged" else None,
+    }

@@ -1,0 +1,123 @@
+"""``fixup study NAME`` and ``fixup reproduce``: argument parsing and the progress display only."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="the reduced grid on the embedded data: about 15 minutes on 2 CPU cores (default)")
+    mode.add_argument("--full", dest="mode", action="store_const", const="full",
+                      help="the paper's scale (for a GPU); prints its expected duration first")
+    mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
+                      help="a minimal grid that checks the whole pipeline in about a minute (CI)")
+    p.set_defaults(mode="quick")
+    p.add_argument("--data", default="digits", choices=("digits", "cifar10", "cifar100", "svhn"),
+                   help="image data (default: digits, embedded; the others read --data-dir)")
+    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set")
+    p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<mode>); rerun to resume")
+    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (default 1)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
+    p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from .registry import STUDIES
+
+    p = sub.add_parser("reproduce", help="run every study of the paper and write report.md + results.json",
+                       description="Run the paper's studies (depth, ablation, regularisation, ...) as resumable "
+                                   "cells and write OUT/report.md, OUT/results.json and OUT/figures/*.png.")
+    _add_common(p)
+    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)})")
+    p.set_defaults(func=_reproduce)
+    p = sub.add_parser("study", help="run one study of the paper (resumable) and write its report")
+    p.add_argument("name", choices=list(STUDIES), help="the study")
+    _add_common(p)
+    p.set_defaults(func=_study)
+
+
+class _Display:
+    """One tqdm bar over all cells: done/total, with running, left and ETA in its postfix."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=0, unit="cell", dynamic_ncols=True, file=sys.stderr,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} cells [{elapsed}] {postfix}")
+
+    def __call__(self, p: Any, message: str) -> None:
+        from .runner import format_seconds
+
+        self.bar.total = p.total
+        self.bar.n = p.done
+        self.bar.set_postfix_str(f"{len(p.running)} running, {p.left} left, ETA {format_seconds(p.eta)}"
+                                 + (f", {p.failed} failed" if p.failed else ""))
+        if message.startswith(("finished", "FAILED")):
+            self.bar.write(message)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _run(args: argparse.Namespace, studies: list[str]) -> int:
+    from .estimate import calibrate, estimate_seconds
+    from .grid import make_grid
+    from .reproduce import plan_all, reproduce
+    from .registry import get_study
+    from .report import claim_rows
+    from .runner import format_seconds
+    from .store import Store
+
+    grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
+                     image_size=args.image_size, device=args.device)
+    out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
+    tasks, waiting = plan_all(grid, Store(out), [get_study(s) for s in studies])
+    side = grid.image_size or (8 if grid.data == "digits" else 32)
+    spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
+                    threads=max(1, (os.cpu_count() or 1) // args.jobs))
+    todo = [t for t in tasks if not Store(out).is_done(t.cell)]
+    est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
+    print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
+          f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
+    if args.mode == "full" and not args.yes and sys.stdin.isatty():
+        input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
+    display = _Display()
+    try:
+        result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
+                           seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
+    finally:
+        display.close()
+    print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
+    print(f"report: {result.report}\nresults: {result.results}")
+    for row in claim_rows(result.outputs):
+        if row.scale:  # claims this run tested
+            print(f"  {row.verdict:38s} {row.claim}")
+    if result.failed:
+        print(f"{len(result.failed)} cell(s) failed (tracebacks in their error.json); rerun to retry them:",
+              file=sys.stderr)
+        for key in result.failed:
+            print(f"  {key}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .registry import STUDIES
+
+    studies = [s.strip() for s in args.only.split(",")] if args.only else list(STUDIES)
+    return _run(args, studies)
+
+
+def _study(args: argparse.Namespace) -> int:
+    return _run(args, [args.name])

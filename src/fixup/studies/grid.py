@@ -1,0 +1,160 @@
+"""The grids the studies run on: ``tiny`` (CI), ``quick`` (2 CPU cores, about 15 minutes), ``full`` (the paper).
+
+Every scale choice of every study lives here, so that the report can state the scale it ran at and
+the documentation can list the grids. ``quick`` and ``tiny`` run on the embedded digits data
+(scikit-learn's 1,797 real 8x8 images); ``full`` follows the paper's protocol on CIFAR-10.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import paper
+
+__all__ = ["MODES", "AblationGrid", "DepthGrid", "Grid", "RegularisationGrid", "TheoryGrid",
+           "TranslationGrid", "make_grid"]
+
+MODES = ("tiny", "quick", "full")
+
+
+@dataclass(frozen=True)
+class DepthGrid:
+    """Figure 3: first-epoch test accuracy against depth, every method at the BatchNorm rate."""
+
+    model: str = "wide_resnet"  # Wide-ResNet width 1 (section 4.1); depths 6n+4
+    width: int = 1
+    depths: tuple[int, ...] = (10, 100, 1000, 10000)
+    methods: tuple[str, ...] = ("fixup", "batchnorm", "lsuv", "sqrt2", "he")
+    lr: float = paper.DEPTH_PROTOCOL["lr"]
+    weight_decay: float = paper.DEPTH_PROTOCOL["weight_decay"]
+    batch_size: int = paper.DEPTH_PROTOCOL["batch"]
+    batch_size_10000: int = paper.DEPTH_PROTOCOL["batch_10000"]
+    epochs: int = 1
+
+
+@dataclass(frozen=True)
+class AblationGrid:
+    """Fixup against each ablation of its three rules: training curves over a fixed budget."""
+
+    model: str = "resnet_cifar"
+    depth: int = 110  # ResNet-110, the paper's CIFAR-10 network
+    methods: tuple[str, ...] = ("fixup", "fixup_no_depth_scale", "fixup_scale_x0.1", "fixup_scale_x10",
+                                "fixup_zero_branch", "fixup_no_bias", "fixup_no_scale")
+    lr: float = 0.1
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    epochs: int = 200
+
+
+@dataclass(frozen=True)
+class RegularisationGrid:
+    """The CIFAR tables: each method with and without Mixup (its own alpha) and Cutout."""
+
+    model: str = "resnet_cifar"
+    depth: int = 110
+    methods: tuple[str, ...] = ("fixup", "batchnorm", "groupnorm", "he")
+    regularisers: tuple[str, ...] = ("none", "mixup", "mixup+cutout")
+    lr: float = 0.1
+    # He without normalisation cannot use lr 0.1 (Table 1); its rate is searched on these, and the
+    # best stable one (lowest final training loss among runs that did not diverge) is used.
+    he_lr_search: tuple[float, ...] = (0.1, 0.03, 0.01, 0.003)
+    he_search_epochs: int = 20
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    epochs: int = 200
+    cutout: int = 16  # Cutout patch side in pixels (DeVries & Taylor's CIFAR-10 value)
+    strong_scalar_lr_mult: float = paper.SCALAR_LR_MULT_STRONG_REG
+
+
+@dataclass(frozen=True)
+class TranslationGrid:
+    """Fixup against LayerNorm on a translation task, dropout chosen per method on the validation set."""
+
+    model: str = "transformer_iwslt_de_en"
+    methods: tuple[str, ...] = ("fixup", "layernorm")
+    dropouts: tuple[float, ...] = paper.DROPOUT_GRID
+    max_updates: int = 200_000
+    max_tokens: int = 4096
+    data_dir: str | None = None  # None: the embedded generated task
+
+
+@dataclass(frozen=True)
+class TheoryGrid:
+    """The scalar network and the measured first-steps Δf against depth."""
+
+    scalar_depths: tuple[int, ...] = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
+    scalar_schemes: tuple[str, ...] = ("fixup", "unscaled", "sqrt", "zero", "fixup_x0.1", "fixup_x10")
+    measured_depths: tuple[int, ...] = (8, 20, 56, 110, 218, 434)
+    measured_methods: tuple[str, ...] = ("fixup", "fixup_no_depth_scale", "he", "sqrt2", "batchnorm")
+    measured_step: int = 10  # Δf at step k > 1: at step 1 only Fixup's zero classifier moves
+    lr: float = 0.1
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Everything a ``fixup reproduce`` run varies: data, seeds and each study's grid."""
+
+    mode: str
+    data: str = "digits"
+    data_dir: str | None = None
+    image_size: int | None = None  # None: the data's own size (8 for digits, 32 for CIFAR)
+    seeds: int = 3
+    device: str = "auto"
+    depth: DepthGrid = field(default_factory=DepthGrid)
+    ablation: AblationGrid = field(default_factory=AblationGrid)
+    regularisation: RegularisationGrid = field(default_factory=RegularisationGrid)
+    translation: TranslationGrid = field(default_factory=TranslationGrid)
+    theory: TheoryGrid = field(default_factory=TheoryGrid)
+
+    def data_config(self) -> dict[str, Any]:
+        return {"data": self.data, "data_dir": self.data_dir, "image_size": self.image_size,
+                "device": self.device}
+
+    def describe_data(self) -> str:
+        size = f" at {self.image_size}x{self.image_size}" if self.image_size else ""
+        return f"{self.data}{size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_QUICK = dict(
+    seeds=2,
+    depth=DepthGrid(depths=(10, 100, 1000), batch_size=32, batch_size_10000=32),
+    ablation=AblationGrid(model="wide_resnet", depth=100, batch_size=32, epochs=3),
+    regularisation=RegularisationGrid(model="resnet_cifar", depth=20, methods=("fixup", "batchnorm", "he"),
+                                      batch_size=32, epochs=10, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
+                                      he_search_epochs=3),
+    translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1, 0.3), max_updates=300, max_tokens=2048),
+    theory=TheoryGrid(measured_depths=(8, 20, 56, 110), measured_step=10),
+)
+
+_TINY = dict(
+    seeds=2,
+    depth=DepthGrid(depths=(10, 28), methods=("fixup", "batchnorm", "he"), batch_size=64, batch_size_10000=64),
+    ablation=AblationGrid(model="resnet_cifar", depth=8, methods=("fixup", "fixup_zero_branch"), batch_size=64,
+                          epochs=1),
+    regularisation=RegularisationGrid(model="resnet_cifar", depth=8, methods=("fixup", "he"),
+                                      regularisers=("none", "mixup+cutout"), batch_size=64, epochs=1, cutout=3,
+                                      he_lr_search=(0.1, 0.01), he_search_epochs=1),
+    translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1,), max_updates=20, max_tokens=1024),
+    theory=TheoryGrid(scalar_depths=(10, 100, 1000), scalar_schemes=("fixup", "unscaled"), measured_depths=(8, 20),
+                      measured_methods=("fixup", "fixup_no_depth_scale"), measured_step=3),
+)
+
+
+def make_grid(mode: str, *, data: str = "digits", data_dir: str | None = None, seeds: int | None = None,
+              image_size: int | None = None, device: str = "auto") -> Grid:
+    """The grid of ``mode`` (``tiny``, ``quick`` or ``full``) on ``data``, with ``seeds`` seeds per cell."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    base = Grid(mode=mode, **(_QUICK if mode == "quick" else _TINY if mode == "tiny" else {}))
+    least = 3 if mode == "full" else 2
+    if seeds is not None and seeds < least:
+        raise ValueError(f"{mode} mode needs at least {least} seeds for a mean ± std, got --seeds {seeds}")
+    if data != "digits" and data_dir is None:
+        raise ValueError(f"--data {data} reads local files: give --data-dir DIR (nothing is downloaded)")
+    return replace(base, data=data, data_dir=data_dir, image_size=image_size, device=device,
+                   seeds=seeds if seeds is not None else base.seeds)

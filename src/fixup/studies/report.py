@@ -1,0 +1,94 @@
+"""The report of a ``fixup reproduce`` run: ``report.md`` (claims table, each study's tables and figures)
+and ``results.json`` (the same, as data).
+
+Every claim of :data:`fixup.studies.paper.CLAIMS` gets exactly one row, whether or not it ran.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import paper
+from .base import StudyOutput
+from .claims import NOT_RUN, ClaimRow
+from .grid import Grid
+from .runner import format_seconds
+from .store import write_json_atomic
+
+__all__ = ["claim_rows", "environment", "write_report"]
+
+
+def claim_rows(outputs: Mapping[str, StudyOutput]) -> list[ClaimRow]:
+    """One row per claim of the paper, in the paper's order; claims without a study are ``not run``."""
+    rows = []
+    for c in paper.CLAIMS:
+        if c.study is None:
+            rows.append(ClaimRow(c.id, "", "", NOT_RUN, c.why_not))
+        elif c.study not in outputs:
+            rows.append(ClaimRow(c.id, "", "", NOT_RUN, f"the {c.study} study was not part of this run"))
+        else:
+            found = [r for r in outputs[c.study].claims if r.claim == c.id]
+            rows.append(found[0] if found else ClaimRow(c.id, "", "", NOT_RUN, f"the {c.study} study gave no row"))
+    return rows
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "cpu_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titles: Mapping[str, str], *,
+                 timing: Mapping[str, Any], command: str = "") -> tuple[Path, Path]:
+    """Write ``out/report.md`` and ``out/results.json``; return their paths."""
+    rows = claim_rows(outputs)
+    env = environment()
+    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    md = [f"# Fixup: the paper's claims, reproduced ({grid.mode} mode)", "",
+          f"Data: {grid.describe_data()}; seeds per cell: {grid.seeds}; every figure is mean ± std over seeds "
+          "with n. Paper: Zhang, Dauphin & Ma, *Fixup Initialization: Residual Learning Without Normalization*, "
+          "ICLR 2019.", "",
+          f"Command: `{command}`" if command else "",
+          f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
+          f"({timing.get('cells_resumed', 0)} found finished from an earlier run); torch {env['torch']}, "
+          f"{env['cuda'] or str(env['cpu_threads']) + ' CPU threads'}.", "",
+          "## Claims", "",
+          "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". *Direction reproduced at reduced "
+          "scale* means the claimed effect shows, beyond the seeds' spread, on a smaller problem than the "
+          "paper's; each row says the rule it was judged by.", "",
+          "| claim | paper (source) | ours | scale | verdict |", "|---|---|---|---|---|"]
+    for row in rows:
+        c = paper.claim(row.claim)
+        why = f" ({row.why})" if row.why else ""
+        md.append(f"| {_cell(c.statement)} | {_cell(c.paper_text())} ({_cell(c.sources())}) | {_cell(row.ours)} | "
+                  f"{_cell(row.scale)} | **{row.verdict}**{_cell(why)} |")
+    for name, output in outputs.items():
+        md += ["", f"## {titles.get(name, name)}", "", output.markdown]
+        for fig in output.figures:
+            md += ["", f"![{fig.stem}]({fig.relative_to(out).as_posix()})"]
+    md.append("")
+    report = out / "report.md"
+    tmp = report.with_name(".report.md.tmp")
+    tmp.write_text("\n".join(md))
+    tmp.replace(report)
+    results = out / "results.json"
+    write_json_atomic(results, {
+        "mode": grid.mode, "grid": grid.to_dict(), "command": command, "timing": dict(timing),
+        "environment": env, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "claims": [{**r.to_dict(), "statement": paper.claim(r.claim).statement,
+                    "paper": paper.claim(r.claim).paper_text(), "source": paper.claim(r.claim).sources()}
+                   for r in rows],
+        "studies": {name: o.summary for name, o in outputs.items()},
+        "figures": {name: [f.relative_to(out).as_posix() for f in o.figures] for name, o in outputs.items()},
+    })
+    return report, results

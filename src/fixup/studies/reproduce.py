@@ -1,0 +1,84 @@
+"""``fixup reproduce``: plan every study's cells, run them with one overall progress, write the report.
+
+Some cells depend on others (a rate chosen by a search): the driver plans, runs what it can, and
+plans again until nothing is left waiting. Everything is stored as it finishes, so an interrupted
+run picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import Study, StudyOutput
+from .grid import Grid
+from .registry import STUDIES, get_study
+from .report import write_report
+from .runner import Progress, ProgressFn, run_tasks
+from .store import Store, write_json_atomic
+
+__all__ = ["ReproduceResult", "plan_all", "reproduce"]
+
+
+@dataclass
+class ReproduceResult:
+    report: Path
+    results: Path
+    outputs: dict[str, StudyOutput]
+    failed: dict[str, str]  # cell key -> error
+    seconds: float
+    cells_run: int
+    cells_resumed: int
+
+
+def plan_all(grid: Grid, store: Store, studies: Sequence[Study]):
+    """All tasks the studies can plan now, and how many cells wait on them."""
+    tasks, waiting = [], 0
+    for study in studies:
+        p = study.plan(grid, store)
+        tasks += p.tasks
+        waiting += p.waiting
+    return tasks, waiting
+
+
+def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = None, jobs: int = 1,
+              progress: ProgressFn | None = None, plots: bool = True, seconds_per_cost: float | None = None,
+              command: str = "") -> ReproduceResult:
+    """Run ``studies`` (default: all) on ``grid`` into ``out``; return where the report is and what happened."""
+    out = Path(out)
+    chosen = [get_study(n) for n in (studies or list(STUDIES))]
+    store = Store(out)
+    write_json_atomic(out / "grid.json", grid.to_dict())
+    start = time.perf_counter()
+    done_before = run = resumed = 0
+    failed: dict[str, str] = {}
+    seen: set[str] = set()
+    while True:
+        tasks, waiting = plan_all(grid, store, chosen)
+        new = [t for t in tasks if t.cell.key not in seen]
+        if not new:
+            break
+        seen.update(t.cell.key for t in new)
+
+        def overall(p: Progress, message: str, _offset: int = done_before, _waiting: int = waiting) -> None:
+            if progress is not None:
+                progress(Progress(total=_offset + p.total + _waiting, done=_offset + p.done,
+                                  resumed=p.resumed + resumed, failed=p.failed + len(failed), running=p.running,
+                                  elapsed=time.perf_counter() - start, eta=p.eta), message)
+
+        summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost)
+        run += len(summary.ran)
+        resumed += len(summary.resumed)
+        failed.update(summary.failed)
+        done_before += len(new) - len(summary.failed)
+        if summary.failed:
+            break  # cells waiting on a failed cell cannot be planned; report what finished
+    figure_dir = out / "figures"
+    outputs = {s.name: s.output(store, grid, figure_dir, plots=plots) for s in chosen}
+    seconds = time.perf_counter() - start
+    timing = {"seconds": seconds, "cells_run": run, "cells_resumed": resumed, "cells_failed": len(failed)}
+    report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
+                                   command=command)
+    return ReproduceResult(report, results, outputs, failed, seconds, run, resumed)

@@ -1,0 +1,180 @@
+"""Run a list of cells: skip the finished ones, run the rest in-process or in ``jobs`` worker processes.
+
+The runner owns no training logic: each cell's function does the work (through the training
+engine). The runner reports one overall progress (cells done, running, left, ETA) to a callback, so
+that the command line can draw it; library code never prints.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from .cells import Cell, CellFn, Task
+from .store import Store
+
+__all__ = ["Progress", "ProgressFn", "RunSummary", "format_seconds", "run_tasks"]
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``1h02m``, ``4m10s``, ``12s``; ``?`` when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = max(0, round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+@dataclass
+class Progress:
+    """A snapshot of a run: every number counts cells."""
+
+    total: int
+    done: int = 0  # finished, including those found finished from an earlier run
+    resumed: int = 0  # of ``done``: found finished from an earlier run, not redone
+    failed: int = 0
+    running: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+    eta: float | None = None
+
+    @property
+    def left(self) -> int:
+        return self.total - self.done - self.failed - len(self.running)
+
+    def format(self) -> str:
+        extra = f" ({self.resumed} from an earlier run)" if self.resumed else ""
+        failed = f", {self.failed} failed" if self.failed else ""
+        return (f"{self.done}/{self.total} cells done{extra}, {len(self.running)} running, {self.left} left"
+                f"{failed}; elapsed {format_seconds(self.elapsed)}, ETA {format_seconds(self.eta)}")
+
+
+ProgressFn = Callable[[Progress, str], None]
+
+
+@dataclass
+class RunSummary:
+    ran: list[str]  # keys of the cells run in this call
+    resumed: list[str]  # keys of the cells already finished, not redone
+    failed: dict[str, str]  # key -> error text
+    seconds: float
+
+
+def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]:
+    """Run one cell and store its result; returns (key, seconds, error or None). Runs in a worker."""
+    store = Store(root)
+    start = time.perf_counter()
+    try:
+        work = store.start(cell)
+        result = fn(cell, work)
+    except Exception:  # a bug in a cell is recorded and the other cells go on
+        error = traceback.format_exc()
+        store.fail(cell, error)
+        return cell.key, time.perf_counter() - start, error
+    seconds = time.perf_counter() - start
+    store.finish(cell, result, seconds)
+    return cell.key, seconds, None
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class _Clock:
+    """Cost-weighted ETA: seconds per unit of cost, measured on the cells finished in this run."""
+
+    def __init__(self, jobs: int, seconds_per_cost: float | None) -> None:
+        self.jobs, self.prior = jobs, seconds_per_cost
+        self.seconds = self.cost = 0.0
+
+    def add(self, seconds: float, cost: float) -> None:
+        self.seconds += seconds
+        self.cost += cost
+
+    def eta(self, remaining_cost: float) -> float | None:
+        rate = self.seconds / self.cost if self.cost > 0 else self.prior
+        return None if rate is None else rate * remaining_cost / self.jobs
+
+
+def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progress: ProgressFn | None = None,
+              seconds_per_cost: float | None = None) -> RunSummary:
+    """Run every unfinished task's cell, store results under ``root``, and return what happened.
+
+    ``jobs`` > 1 runs cells in that many worker processes (spawned, each with
+    ``cpu_count // jobs`` torch threads). A cell whose function raises is recorded as failed (its
+    traceback in ``error.json``) and retried by the next run; the other cells go on.
+    ``seconds_per_cost`` is the ETA's prior until the first cell finishes.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    keys = [t.cell.key for t in tasks]
+    if len(set(keys)) != len(keys):
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"a plan lists the same cell twice: {', '.join(dupes[:5])}")
+    store = Store(root)
+    start = time.perf_counter()
+    todo = [t for t in tasks if not store.is_done(t.cell)]
+    resumed = [t.cell.key for t in tasks if t not in todo]
+    state = Progress(total=len(tasks), done=len(resumed), resumed=len(resumed))
+    clock = _Clock(min(jobs, max(1, len(todo))), seconds_per_cost)
+    remaining = sum(t.cell.cost for t in todo)
+    ran: list[str] = []
+    failed: dict[str, str] = {}
+
+    def report(message: str) -> None:
+        state.elapsed = time.perf_counter() - start
+        state.eta = clock.eta(remaining) if todo else 0.0
+        if progress is not None:
+            progress(state, message)
+
+    def finished(task: Task, key: str, seconds: float, error: str | None) -> None:
+        nonlocal remaining
+        state.running.remove(key)
+        remaining -= task.cell.cost
+        if error is None:
+            state.done += 1
+            ran.append(key)
+            clock.add(seconds, task.cell.cost)
+            report(f"finished {key} in {format_seconds(seconds)}")
+        else:
+            state.failed += 1
+            failed[key] = error
+            report(f"FAILED {key}: {error.strip().splitlines()[-1]}")
+
+    report("start")
+    root_s = str(store.root)
+    if jobs == 1 or len(todo) <= 1:
+        for task in todo:
+            state.running.append(task.cell.key)
+            report(f"running {task.cell.key}")
+            finished(task, *_execute(task.fn, task.cell, root_s))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                                 initializer=_init_worker, initargs=(threads,)) as pool:
+            queue = list(todo)
+            pending: dict[Future[Any], Task] = {}
+            try:
+                while queue or pending:
+                    while queue and len(pending) < jobs:
+                        task = queue.pop(0)
+                        pending[pool.submit(_execute, task.fn, task.cell, root_s)] = task
+                        state.running.append(task.cell.key)
+                        report(f"running {task.cell.key}")
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        finished(pending.pop(fut), *fut.result())
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    report("end")
+    return RunSummary(ran=ran, resumed=resumed, failed=failed, seconds=time.perf_counter() - start)
