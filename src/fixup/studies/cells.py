@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["Cell", "CellFn", "Task"]
 
-_SAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+_SAFE = re.compile(r"[^A-Za-z0-9._=+,-]")
 
 
 def _fmt(value: Any) -> str:

@@ -73,9 +73,9 @@ class _Display:
 def _run(args: argparse.Namespace, studies: list[str]) -> int:
     from .estimate import calibrate, estimate_seconds
     from .grid import make_grid
-    from .reproduce import plan_all, reproduce
     from .registry import get_study
     from .report import claim_rows
+    from .reproduce import plan_all, reproduce
     from .runner import format_seconds
     from .store import Store
 

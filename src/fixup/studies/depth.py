@@ -133,7 +133,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
         rows.append(ClaimRow("no_norm_needs_small_rate", ours, scale,
                              verdict(fail, grid.data == "cifar10"),
                              "holds if He without normalisation diverges or does not learn at rate "
-                             f"{grid.depth.lr} at every depth >= 100"))
+                             f"{grid.depth.lr} at every depth >= 100 (every depth, if the grid stops below)"))
     return rows
 
 

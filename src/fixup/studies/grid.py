@@ -136,7 +136,7 @@ _TINY = dict(
     depth=DepthGrid(depths=(10, 28), methods=("fixup", "batchnorm", "he"), batch_size=64, batch_size_10000=64),
     ablation=AblationGrid(model="resnet_cifar", depth=8, methods=("fixup", "fixup_zero_branch"), batch_size=64,
                           epochs=1),
-    regularisation=RegularisationGrid(model="resnet_cifar", depth=8, methods=("fixup", "he"),
+    regularisation=RegularisationGrid(model="resnet_cifar", depth=8, methods=("fixup", "batchnorm", "he"),
                                       regularisers=("none", "mixup+cutout"), batch_size=64, epochs=1, cutout=3,
                                       he_lr_search=(0.1, 0.01), he_search_epochs=1),
     translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1,), max_updates=20, max_tokens=1024),

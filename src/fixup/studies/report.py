@@ -58,7 +58,7 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
           f"Data: {grid.describe_data()}; seeds per cell: {grid.seeds}; every figure is mean ± std over seeds "
           "with n. Paper: Zhang, Dauphin & Ma, *Fixup Initialization: Residual Learning Without Normalization*, "
           "ICLR 2019.", "",
-          f"Command: `{command}`" if command else "",
+          *([f"Command: `{command}`", ""] if command else []),
           f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
           f"({timing.get('cells_resumed', 0)} found finished from an earlier run); torch {env['torch']}, "
           f"{env['cuda'] or str(env['cpu_threads']) + ' CPU threads'}.", "",

@@ -62,10 +62,11 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
             break
         seen.update(t.cell.key for t in new)
 
-        def overall(p: Progress, message: str, _offset: int = done_before, _waiting: int = waiting) -> None:
+        def overall(p: Progress, message: str, _offset: int = done_before, _waiting: int = waiting,
+                    _resumed: int = resumed) -> None:
             if progress is not None:
                 progress(Progress(total=_offset + p.total + _waiting, done=_offset + p.done,
-                                  resumed=p.resumed + resumed, failed=p.failed + len(failed), running=p.running,
+                                  resumed=p.resumed + _resumed, failed=p.failed + len(failed), running=p.running,
                                   elapsed=time.perf_counter() - start, eta=p.eta), message)
 
         summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost)

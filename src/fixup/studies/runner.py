@@ -8,6 +8,7 @@ that the command line can draw it; library code never prints.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -84,9 +85,10 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]
 
 
 def _init_worker(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
+    """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported)."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 class _Clock:

@@ -1,0 +1,119 @@
+"""The report: a row for every claim of the paper, verdicts that follow the results, figures, and the plan
+of each study (methods, protocol choices) — with a stand-in for the training engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixup.studies import Store, ablation, depth, make_grid, regularisation, reproduce
+from fixup.studies.claims import DIRECTION, NOT_REPRODUCED, NOT_RUN
+from fixup.studies.paper import CLAIMS
+from fixup.studies.regularisation import best_stable_lr
+
+
+def _history(acc: float | None, loss: float | None, epochs: int) -> list[dict]:
+    return [{"epoch": e + 1, "train_loss": None if loss is None else loss + 0.1 * (epochs - e),
+             "test_acc": acc, "train_acc": acc} for e in range(epochs)]
+
+
+def fake_train(good: bool):
+    """A stand-in for the engine: Fixup and BatchNorm learn, He at rate 0.1 diverges, LSUV fails deep."""
+
+    def run(cell, work):
+        train = cell.config["train"]
+        m, d, s = cell.method, train.get("depth", 20), cell.seed
+        diverged = (m == "he" and train["lr"] >= 0.1) or m == "fixup_scale_x10"
+        acc = {"fixup": 0.85 if good else 0.12, "batchnorm": 0.88, "groupnorm": 0.86, "he": 0.7,
+               "lsuv": 0.1 if d > 10 else 0.7, "sqrt2": 0.11 if d > 10 else 0.7}.get(m, 0.5)
+        acc += 0.01 * s
+        loss = {"fixup_scale_x0.1": 2.0}.get(m, 0.5 if m != "he" else 0.3 + train["lr"])
+        h = [] if diverged else _history(acc, loss, train["epochs"])
+        return {"outcome": "diverged" if diverged else "completed", "diverged": diverged, "history": h,
+                "test_acc": None if diverged else acc, "train_loss": None if diverged else loss,
+                "train_acc": None if diverged else acc}
+
+    return run
+
+
+@pytest.fixture()
+def fake_engine(monkeypatch):
+    def use(good: bool = True):
+        for mod in (depth, ablation, regularisation):
+            monkeypatch.setattr(mod, "train_cell", fake_train(good))
+    return use
+
+
+def test_report_has_a_row_for_every_claim(tmp_path, fake_engine):
+    fake_engine(good=True)
+    result = reproduce(make_grid("tiny"), tmp_path, studies=["depth", "ablation", "regularisation"])
+    assert not result.failed
+    data = json.loads(result.results.read_text())
+    assert [c["claim"] for c in data["claims"]] == [c.id for c in CLAIMS]
+    report = result.report.read_text()
+    for c in CLAIMS:
+        assert c.statement in report, c.id
+    verdicts = {c["claim"]: c["verdict"] for c in data["claims"]}
+    assert verdicts["depth_fixup_trains_deep"] == DIRECTION  # digits, not the paper's CIFAR-10 at 10,000 layers
+    assert verdicts["no_norm_needs_small_rate"] == DIRECTION
+    assert verdicts["imagenet_resnet50"] == NOT_RUN and verdicts["translation_iwslt"] == NOT_RUN
+    assert verdicts["ablation_zero_branch"] == DIRECTION
+    for c in data["claims"]:
+        if c["verdict"] != NOT_RUN:
+            assert c["ours"] and c["scale"], c
+    for figs in data["figures"].values():
+        for f in figs:
+            assert (tmp_path / f).stat().st_size > 1000
+    assert "![depth](figures/depth.png)" in report
+
+
+def test_verdicts_follow_the_results(tmp_path, fake_engine):
+    fake_engine(good=False)  # Fixup at chance: the depth claim must not be reproduced
+    result = reproduce(make_grid("tiny"), tmp_path, studies=["depth"])
+    rows = {c["claim"]: c for c in json.loads(result.results.read_text())["claims"]}
+    assert rows["depth_fixup_trains_deep"]["verdict"] == NOT_REPRODUCED
+    assert rows["ablation_zero_branch"]["verdict"] == NOT_RUN and "not part of this run" in rows[
+        "ablation_zero_branch"]["why"]
+
+
+def test_rerun_reuses_every_cell(tmp_path, fake_engine):
+    fake_engine()
+    first = reproduce(make_grid("tiny"), tmp_path, studies=["regularisation"], plots=False)
+    again = reproduce(make_grid("tiny"), tmp_path, studies=["regularisation"], plots=False)
+    assert first.cells_run > 0 and again.cells_run == 0 and again.cells_resumed == first.cells_run
+
+
+def test_depth_plan_holds_every_method_at_the_batchnorm_rate():
+    grid = make_grid("quick")
+    tasks = depth.plan(grid, Store("/nonexistent")).tasks
+    assert {t.cell.method for t in tasks} == {"fixup", "batchnorm", "lsuv", "sqrt2", "he"}
+    assert {t.cell.config["train"]["lr"] for t in tasks} == {0.1}
+    assert max(t.cell.setting["depth"] for t in tasks) >= 1000
+    assert {t.cell.seed for t in tasks} == {0, 1} and all(t.cell.config["train"]["epochs"] == 1 for t in tasks)
+
+
+def test_regularisation_plan_follows_the_paper(tmp_path):
+    grid = make_grid("quick")
+    p = regularisation.plan(grid, Store(tmp_path))
+    assert p.waiting == len(grid.regularisation.regularisers) * grid.seeds  # He waits for its rate search
+    train = {(t.cell.method, t.cell.setting.get("reg")): t.cell.config["train"] for t in p.tasks}
+    assert train[("fixup", "mixup")]["mixup_alpha"] == 0.7 and train[("fixup", "mixup")]["scalar_lr_mult"] == 0.1
+    assert train[("batchnorm", "mixup")]["mixup_alpha"] == 0.2 and "scalar_lr_mult" not in train[("batchnorm", "mixup")]
+    assert "mixup_alpha" not in train[("fixup", "none")] and train[("fixup", "mixup+cutout")]["cutout"] > 0
+
+
+def test_best_stable_rate_ignores_diverged_runs():
+    runs = {0.1: {"diverged": True, "train_loss": None}, 0.03: {"diverged": False, "train_loss": 0.2},
+            0.01: {"diverged": False, "train_loss": 0.4}}
+    assert best_stable_lr(runs)[0] == 0.03
+    assert best_stable_lr({0.1: runs[0.1]})[0] == 0.1
+
+
+def test_seeds_below_the_minimum_are_refused():
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        make_grid("quick", seeds=1)
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        make_grid("full", seeds=2)
+    with pytest.raises(ValueError, match="--data-dir"):
+        make_grid("quick", data="cifar10")
