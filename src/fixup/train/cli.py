@@ -1,0 +1,104 @@
+"""``fixup train``: the command line over :func:`fixup.train.fit`, its options generated from TrainConfig.
+
+Every config field is an option (``scalar_lr_mult`` -> ``--scalar-lr-mult``; booleans take
+``--x/--no-x``; ``--betas 0.9 0.98``; ``--milestones 0.5 0.75``; ``--extra '{"k": 1}'``) whose help is
+the field's comment. ``--config PATH`` starts from a saved config.json. Unknown options are an error.
+Exit codes: 0 completed, 3 diverged, 4 interrupted (resumable), 2 bad options or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+from . import config as config_module
+from .config import TrainConfig
+
+__all__ = ["config_from_args", "register"]
+
+
+def _field_comments() -> dict[str, str]:
+    """Each field's trailing comment in config.py: the option's help text."""
+    pattern = re.compile(r"^\s+(\w+): [^=]+=.*?#\s*(.+)$")
+    return {m.group(1): m.group(2) for line in inspect.getsource(config_module).splitlines()
+            if (m := pattern.match(line))}
+
+
+def _bool(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes", "on")
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per TrainConfig field; only the options given end up in the parsed namespace."""
+    hints = typing.get_type_hints(TrainConfig)
+    comments = _field_comments()
+    group = parser.add_argument_group("training options (TrainConfig fields)")
+    for f in dataclasses.fields(TrainConfig):
+        flag, tp, default = "--" + f.name.replace("_", "-"), hints[f.name], f.default
+        shown = default if default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                              "help": f"{comments.get(f.name, '')} (default: {shown!r})".replace("%", "%%")}
+        if tp is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif tp in (int, float, str):
+            group.add_argument(flag, type=tp, metavar=tp.__name__.upper(), **kw)
+        elif typing.get_origin(tp) is tuple:
+            args = typing.get_args(tp)
+            nargs = "+" if args[-1] is Ellipsis else len(args)
+            group.add_argument(flag, type=args[0], nargs=nargs, metavar=args[0].__name__.upper(), **kw)
+        elif typing.get_origin(tp) is dict:
+            group.add_argument(flag, type=json.loads, metavar="JSON", **kw)
+        else:  # a field type this generator does not know: fail loudly rather than skip the option
+            raise TypeError(f"TrainConfig.{f.name} has type {tp}, which `fixup train` cannot parse")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config from ``--config`` (if given) with the options given on the command line applied."""
+    base = TrainConfig()
+    if getattr(args, "config", None):
+        base = TrainConfig.from_dict(json.loads(Path(args.config).read_text()))
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    changes = {k: v for k, v in vars(args).items() if k in names}
+    for key in ("betas", "milestones"):
+        if key in changes:
+            changes[key] = tuple(changes[key])
+    return base.replace(**changes)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ..cli import write_json
+    from .engine import fit
+
+    config = config_from_args(args)
+    result = fit(config, out_dir=args.out_dir, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only the first process reports
+        return result.exit_code
+    final, outcome = result.final, result.outcome
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith(("train_", "test_")))
+    print(f"{outcome.status} after {len(result.history)} epoch(s), {outcome.step} steps" +
+          (f": {metrics}" if metrics else "") + (f"\n{outcome.reason}" if outcome.reason else ""))
+    if args.out_dir:
+        print(f"run folder: {args.out_dir}")
+    if args.json:
+        write_json(args.json, result.to_dict())
+    return result.exit_code
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model (images by default; see docs/training.md)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default=None, help="run folder: config, metrics, checkpoint, result (resumed "
+                                                   "when it holds a checkpoint)")
+    p.add_argument("--config", default=None, metavar="PATH", help="start from a saved config.json")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the result (history, outcome) as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(p)
+    p.set_defaults(func=_train)
+

@@ -1,0 +1,142 @@
+"""The typed training configuration: one dataclass, one comment per field, units where they apply.
+
+Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mult`` ->
+``--scalar-lr-mult``); :meth:`TrainConfig.from_dict` rejects unknown keys, and
+:meth:`TrainConfig.validate` rejects values outside what the engine implements, naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "TrainConfig"]
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+# Fields that may differ between a checkpoint and the run resuming it: they change how a run is
+# watched or fed, never what it computes.
+RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir"})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides what a training run computes (defaults: Fixup ResNet-20 on digits)."""
+
+    # --- task and model -------------------------------------------------------------------------
+    task: str = "images"  # task kind: "images" (classification); others add themselves to fixup.train.task.TASKS
+    model: str = "resnet_cifar"  # registered model name (fixup.list_models())
+    depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
+    width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
+    norm: str = "fixup"  # fixup | batchnorm | groupnorm | layernorm | none
+    init: str = ""  # initialisation or ablation for the chosen norm ("" = the norm's default)
+    dropout: float = 0.0  # dropout probability, passed to the model builder when > 0
+    # --- data -------------------------------------------------------------------------------------
+    dataset: str = "digits"  # digits | cifar10 | cifar100 | svhn | folder
+    data_dir: str = ""  # local archive/folder of the data set (not needed for digits)
+    image_size: int = 0  # pixels per side fed to the model (0 = as stored; folders: 224)
+    resize: str = "interpolate"  # how images reach image_size: interpolate | pad
+    channels: int = 0  # input channels fed to the model (0 = as stored; 1 <-> 3 converts)
+    split_seed: int = 0  # seed of digits' fixed stratified train/test split
+    test_fraction: float = 0.2  # fraction of digits held out for testing
+    crop_padding: int = -1  # random-crop padding in pixels (-1 = 4 for CIFAR/SVHN/folders, 0 for digits)
+    hflip: str = "auto"  # random horizontal flips: on | off | auto (on for CIFAR and folders)
+    cutout: int = 0  # side of the Cutout square in pixels, 0 = off (DeVries & Taylor 2017 use 16 on CIFAR-10)
+    mixup_alpha: float = 0.0  # Mixup's Beta(alpha, alpha), 0 = off (Fixup paper, section 4.2: 0.7 for Fixup)
+    label_smoothing: float = 0.0  # probability mass spread uniformly over the classes
+    batch_size: int = 128  # examples per optimiser step, summed over all processes
+    eval_batch_size: int = 500  # examples per evaluation batch, per process
+    drop_last: bool = False  # drop each epoch's final incomplete training batch
+    num_workers: int = 0  # DataLoader worker processes decoding image folders (in-memory sets need none)
+    # --- optimisation -------------------------------------------------------------------------------
+    optimizer: str = "sgd"  # sgd | adam | adamw
+    lr: float = 0.1  # peak learning rate (per lr_reference_batch examples when that is set)
+    lr_reference_batch: int = 0  # if > 0, the lr used is lr * batch_size / lr_reference_batch
+    momentum: float = 0.9  # SGD momentum
+    nesterov: bool = False  # Nesterov momentum (SGD)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam/AdamW moment decay rates
+    eps: float = 1e-8  # Adam/AdamW denominator epsilon
+    weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
+    scalar_lr_mult: float = 1.0  # lr multiplier of Fixup's scalar biases/multipliers (paper, 4.2: 0.1 with Mixup)
+    scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
+    grad_clip: float = 0.0  # clip the global gradient norm to this value (0 = off)
+    schedule: str = "step"  # constant | step | cosine | inverse_sqrt
+    milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma
+    gamma: float = 0.1  # step schedule: the factor at each milestone
+    warmup_steps: int = 0  # linear warm-up over this many optimiser steps (inverse_sqrt: its warm-up)
+    epochs: int = 30  # passes over the training set
+    max_updates: int = 0  # stop after this many optimiser steps, if earlier than epochs (0 = epochs decide)
+    # --- numerics and safety --------------------------------------------------------------------
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler)
+    max_loss: float = 0.0  # a training loss above this counts as divergence (0 = only non-finite losses)
+    seed: int = 0  # seed of initialisation, data order, augmentation and dropout
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
+    sync_bn: bool = False  # convert BatchNorm to SyncBatchNorm under torchrun (BatchNorm baseline only)
+    # --- output -----------------------------------------------------------------------------------
+    eval_every: int = 1  # evaluate on the test set every this many epochs (and after the last)
+    checkpoint: bool = True  # write out_dir/checkpoint.pt after every epoch and on SIGINT/SIGTERM
+    resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
+    tensorboard: bool = False  # also log scalars for TensorBoard in out_dir/tensorboard (needs tensorboard)
+
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # task-specific options (JSON values)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build a config from a dict (e.g. a saved config.json); an unknown key is an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown training option(s) {', '.join(unknown)}; valid options are "
+                             f"{', '.join(sorted(names))}")
+        kwargs = dict(data)
+        for key in ("betas", "milestones"):
+            if key in kwargs:
+                kwargs[key] = tuple(float(v) for v in kwargs[key])
+        return cls(**kwargs).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (tuples become lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes).validate()
+
+    def validate(self) -> TrainConfig:
+        """Check every value the engine interprets; return ``self`` so calls can be chained."""
+        choices = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
+                   "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {', '.join(allowed)}")
+        positive = ("batch_size", "eval_batch_size", "epochs", "eval_every")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        nonneg = ("lr", "weight_decay", "grad_clip", "warmup_steps", "max_updates", "max_loss", "mixup_alpha",
+                  "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width")
+        for name in nonneg:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum <= 0):
+            raise ValueError("nesterov=True needs optimizer='sgd' with momentum > 0")
+        if any(not 0.0 < m < 1.0 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
+            raise ValueError(f"milestones must be increasing fractions of training in (0, 1), got {self.milestones}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0:
+            raise ValueError("schedule='inverse_sqrt' needs warmup_steps > 0 (the step where the lr peaks), "
+                             "e.g. --warmup-steps 4000 as in Vaswani et al. (2017), section 5.3")
+        return self
+
+    @property
+    def effective_lr(self) -> float:
+        """The peak learning rate after scaling with the batch size (when lr_reference_batch is set)."""
+        if self.lr_reference_batch:
+            return self.lr * self.batch_size / self.lr_reference_batch
+        return self.lr

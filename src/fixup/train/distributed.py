@@ -1,0 +1,100 @@
+"""Multi-process training under ``torchrun``: process group, device choice, reductions.
+
+Run the same command as ``torchrun --nproc_per_node N -m fixup train ...``: each process reads
+RANK / WORLD_SIZE / LOCAL_RANK from the environment torchrun sets, joins a process group (gloo on
+CPU, NCCL on GPU), wraps the model in ``DistributedDataParallel`` and takes its share of every batch.
+Fixup has no batch statistics to synchronise; the BatchNorm baseline converts to
+``SyncBatchNorm`` when asked.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .task import Shard
+
+__all__ = ["Runtime", "all_reduce_sums", "any_rank", "setup", "teardown", "wrap_model"]
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: its shard, its device, and whether it created the process group."""
+
+    shard: Shard
+    device: torch.device
+    owns_group: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.shard.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.shard.rank == 0
+
+
+def _pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        return torch.device("cuda", local_rank)
+    device = torch.device(choice)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={choice!r} was asked for but CUDA is not available; use device='cpu' or 'auto'")
+    return device
+
+
+def setup(device: str = "auto") -> Runtime:
+    """Join torchrun's process group when WORLD_SIZE > 1 (or reuse one already set up)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = _pick_device(device, local_rank)
+    if dist.is_available() and dist.is_initialized():
+        return Runtime(Shard(dist.get_rank(), dist.get_world_size()), dev)
+    if world <= 1:
+        return Runtime(Shard(), dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return Runtime(Shard(dist.get_rank(), dist.get_world_size()), dev, owns_group=True)
+
+
+def teardown(runtime: Runtime) -> None:
+    if runtime.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, runtime: Runtime, sync_bn: bool) -> nn.Module:
+    """``DistributedDataParallel`` around ``model`` (with SyncBatchNorm when asked) or the model itself."""
+    if not runtime.distributed:
+        return model
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def all_reduce_sums(stats: dict[str, Tensor], runtime: Runtime) -> dict[str, float]:
+    """Sum each statistic over all processes (one collective) and return plain floats."""
+    keys = sorted(stats)
+    if not keys:
+        return {}
+    flat = torch.stack([torch.as_tensor(stats[k], dtype=torch.float64, device=runtime.device).reshape(())
+                        for k in keys])
+    if runtime.distributed:
+        dist.all_reduce(flat)
+    return dict(zip(keys, flat.tolist()))
+
+
+def any_rank(flag: bool, runtime: Runtime) -> bool:
+    """True on every process when ``flag`` is true on any of them."""
+    if not runtime.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=runtime.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)

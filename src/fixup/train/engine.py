@@ -1,0 +1,316 @@
+"""The training engine: :func:`fit` runs one training for any task (images, translation).
+
+One loop serves every task (see :mod:`fixup.train.task` for what a task supplies). Per optimiser step:
+forward under autocast when asked, divergence check (a non-finite loss, or one above ``max_loss``,
+ends the run as a recorded outcome), backward, optional gradient clipping, the optimiser and the
+per-step schedule. Per epoch: metrics reduced over processes, evaluation, the run folder and an atomic
+checkpoint. SIGINT/SIGTERM finish the current step, write a checkpoint of the exact position and end
+the run as ``interrupted``; calling :func:`fit` again with the same ``out_dir`` continues bit-exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from . import distributed as D
+from .checkpoint import (
+    CheckpointError,
+    check_compatible,
+    get_rng_state,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from .config import TrainConfig
+from .optim import build_optimizer, build_scheduler
+from .result import Outcome, TrainResult
+from .runlog import RunLog
+from .task import Task, create_task, move_to
+
+__all__ = ["StepInfo", "fit"]
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What ``on_step`` hooks see after each optimiser step."""
+
+    epoch: int  # 0-based epoch
+    batch: int  # batches of this epoch done
+    step: int  # optimiser steps done in total
+    loss: float  # this step's training loss (this process)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[list[str]]:
+    """Turn SIGINT/SIGTERM into a request (the returned list gets the signal's name) while inside."""
+    requested: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        requested.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _data_init(model: nn.Module, task: Task, config: TrainConfig, device: torch.device) -> None:
+    """Data-dependent initialisation (LSUV) from the first training batch, where the method has one."""
+    try:
+        from ..baselines import data_init_
+    except ImportError:
+        if "lsuv" in config.init.lower():
+            raise ValueError(f"init={config.init!r} needs fixup.baselines.data_init_, which is not installed") from None
+        return
+    with torch.no_grad():
+        data_init_(model, move_to(task.first_batch(), device))
+
+
+def _finite(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def fit(config: TrainConfig, *, out_dir: str | Path | None = None, task: Task | None = None, progress: bool = True,
+        on_step: Callable[[StepInfo], bool | None] | None = None) -> TrainResult:
+    """Train as ``config`` says and return the history and the outcome.
+
+    Args:
+        config: what to train (validated here).
+        out_dir: the run folder (config, metrics, checkpoint, result); ``None`` keeps everything in memory.
+        task: the task; by default the one named by ``config.task`` (image classification).
+        progress: draw a progress bar (main process only).
+        on_step: called after every optimiser step; returning True stops the run like SIGINT does.
+
+    Divergence and interruption are outcomes in the result, not exceptions. A run folder holding a
+    checkpoint is resumed (``config.resume``); one whose run already ended returns that result.
+    """
+    config.validate()
+    runtime = D.setup(config.device)
+    try:
+        return _Run(config, out_dir, task, progress, on_step, runtime).run()
+    finally:
+        D.teardown(runtime)
+
+
+class _Run:
+    def __init__(self, config: TrainConfig, out_dir: str | Path | None, task: Task | None, progress: bool,
+                 on_step: Callable[[StepInfo], bool | None] | None, runtime: D.Runtime) -> None:
+        self.config, self.runtime, self.on_step = config, runtime, on_step
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress and runtime.is_main
+        _seed_everything(config.seed)
+        self.task = task if task is not None else create_task(config)
+        model = self.task.build_model(config)
+        model.to(runtime.device)
+        _data_init(model, self.task, config, runtime.device)
+        self.net = D.wrap_model(model, runtime, config.sync_bn)
+        self.model = self.net.module if runtime.distributed else self.net
+        self.optimizer, self.groups = build_optimizer(self.model, config)
+        self.steps_per_epoch = self.task.steps_per_epoch(runtime.shard)
+        if self.steps_per_epoch <= 0:
+            raise ValueError(f"an epoch has no training batches (batch_size={config.batch_size}, "
+                             f"drop_last={config.drop_last}); lower the batch size")
+        self.total = config.epochs * self.steps_per_epoch
+        if config.max_updates:
+            self.total = min(self.total, config.max_updates)
+        self.scheduler = build_scheduler(self.optimizer, self.total, config)
+        self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
+        self.epoch, self.batch, self.step = 0, 0, 0
+        self.partial: dict[str, Tensor] = {}
+        self.history: list[dict[str, Any]] = []
+        self.outcome: Outcome | None = None
+        self.ckpt = self.out_dir / CHECKPOINT if self.out_dir is not None and config.checkpoint else None
+        if self.ckpt is not None and config.resume and self.ckpt.exists():
+            self._restore(self.ckpt)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "rng": get_rng_state(),
+                "config": self.config.to_dict(),
+                "position": {"epoch": self.epoch, "batch": self.batch, "step": self.step},
+                "partial": {k: v.detach().cpu() for k, v in self.partial.items()}, "history": self.history,
+                "outcome": None if self.outcome is None else self.outcome.to_dict()}
+
+    def _save(self) -> bool:
+        """Write the checkpoint (main process); a model with non-finite weights never replaces a good one."""
+        if self.ckpt is None or not self.runtime.is_main:
+            return False
+        if not _finite(self.model):
+            return False
+        save_checkpoint(self.ckpt, self._state())
+        return True
+
+    def _restore(self, path: Path) -> None:
+        state = load_checkpoint(path, map_location=self.runtime.device)
+        check_compatible(state["config"], self.config.to_dict(), path)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser ({err}); use another "
+                                  "--out-dir or --no-resume") from err
+        pos = state["position"]
+        self.epoch, self.batch, self.step = int(pos["epoch"]), int(pos["batch"]), int(pos["step"])
+        self.partial = {k: v.to(self.runtime.device) for k, v in state.get("partial", {}).items()}
+        self.history = list(state.get("history", []))
+        if state.get("outcome") and state["outcome"]["status"] != "interrupted":
+            self.outcome = Outcome(**state["outcome"])
+        set_rng_state(state["rng"])
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        log = RunLog(self.out_dir, enabled=self.runtime.is_main, tensorboard=self.config.tensorboard)
+        run_info = {"task": self.task.describe(), "param_groups": self.groups,
+                    "world_size": self.runtime.shard.world_size,
+                    "device": str(self.runtime.device), "steps_per_epoch": self.steps_per_epoch,
+                    "total_steps": self.total, "parameters": sum(p.numel() for p in self.model.parameters())}
+        report = getattr(self.model, "init_report", None)
+        if report is not None:
+            run_info["init_report"] = report.to_dict()
+        log.write_setup(self.config.to_dict(), run_info)
+        try:
+            if self.outcome is None:
+                with _stop_on_signals() as signals:
+                    self._train(log, signals)
+            assert self.outcome is not None
+            result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
+                                 None if self.out_dir is None else str(self.out_dir), self.model)
+            log.write_history(self.history)
+            log.write_result(result.to_dict())
+            return result
+        finally:
+            log.close()
+
+    def _train(self, log: RunLog, signals: list[str]) -> None:
+        from tqdm.auto import tqdm
+
+        cfg, rt = self.config, self.runtime
+        n_epochs = math.ceil(self.total / self.steps_per_epoch)
+        bar = tqdm(total=self.total, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
+        autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
+                                  enabled=cfg.precision != "fp32")
+        every = max(1, self.steps_per_epoch // 20)
+        try:
+            while self.epoch < n_epochs and self.outcome is None:
+                bar.set_description(f"epoch {self.epoch + 1}/{n_epochs}")
+                started = time.perf_counter()
+                self.net.train()
+                for i, batch in enumerate(self.task.train_batches(self.epoch, rt.shard)):
+                    if i < self.batch:
+                        continue  # resuming mid-epoch: these batches were trained on before the interruption
+                    if self.step >= self.total:
+                        break
+                    batch = move_to(batch, rt.device)
+                    with autocast:
+                        loss, stats = self.task.loss(self.net, batch)
+                    value = float(loss.detach().float())
+                    reason = self._divergence(value)
+                    if D.any_rank(bool(reason), rt):
+                        self.outcome = Outcome("diverged", self.epoch, self.step,
+                                               reason or "the training loss diverged on another process")
+                        break
+                    self._update(loss)
+                    for k, v in stats.items():
+                        self.partial[k] = self.partial.get(k, 0) + v.detach()
+                    self.batch, self.step = i + 1, self.step + 1
+                    bar.update(1)
+                    if self.step % every == 0:
+                        bar.set_postfix(self._running(), refresh=False)
+                    info = StepInfo(self.epoch, self.batch, self.step, value)
+                    hook = bool(self.on_step(info)) if self.on_step else False
+                    if D.any_rank(hook or bool(signals), rt):
+                        self.outcome = Outcome("interrupted", self.epoch, self.step,
+                                               f"stopped by {signals[0] if signals else 'request'} at epoch "
+                                               f"{self.epoch}, batch {self.batch}")
+                        break
+                if self.outcome is not None:
+                    self._save()
+                    break
+                self._end_epoch(log, started, n_epochs)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in self.history[-1].items() if k.startswith(("test_", "lr"))})
+        finally:
+            bar.close()
+
+    def _divergence(self, value: float) -> str:
+        where = f"at step {self.step} (epoch {self.epoch}, batch {self.batch})"
+        if not math.isfinite(value):
+            return f"training loss is {value} {where}"
+        if self.config.max_loss and value > self.config.max_loss:
+            return f"training loss {value:.4g} exceeds max_loss={self.config.max_loss:g} {where}"
+        return ""
+
+    def _update(self, loss: Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.config.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+
+    def _running(self) -> dict[str, str]:
+        n = float(self.partial.get("n", 1.0))
+        shown = {k: f"{float(v) / n:.4g}" for k, v in self.partial.items() if k != "n"}
+        shown["lr"] = f"{self.optimizer.param_groups[0]['lr']:.3g}"
+        return shown
+
+    def _end_epoch(self, log: RunLog, started: float, n_epochs: int) -> None:
+        rt = self.runtime
+        train = D.all_reduce_sums(self.partial, rt)
+        n = train.pop("n", 0.0) or 1.0
+        record: dict[str, Any] = {"epoch": self.epoch + 1, "step": self.step,
+                                  "lr": getattr(self, "last_lr", self.optimizer.param_groups[0]["lr"])}
+        record.update({f"train_{k}": v / n for k, v in train.items()})
+        last = self.epoch + 1 == n_epochs or self.step >= self.total
+        if (self.epoch + 1) % self.config.eval_every == 0 or last:
+            record.update(self._evaluate())
+        record["time_s"] = time.perf_counter() - started
+        self.history.append(record)
+        self.epoch, self.batch, self.partial = self.epoch + 1, 0, {}
+        if last:
+            self.outcome = Outcome("completed", self.epoch - 1, self.step)
+        log.write_history(self.history)
+        self._save()
+
+    def _evaluate(self) -> dict[str, float]:
+        rt, cfg = self.runtime, self.config
+        self.model.eval()
+        autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
+                                  enabled=cfg.precision != "fp32")
+        with torch.no_grad(), autocast:
+            sums = D.all_reduce_sums(self.task.evaluate(self.model, rt.shard), rt)
+            extra = self.task.report(self.model) if rt.is_main and hasattr(self.task, "report") else {}
+        self.net.train()
+        n = sums.pop("n", 0.0) or 1.0
+        return {**{f"test_{k}": v / n for k, v in sums.items()}, **extra}

@@ -1,0 +1,144 @@
+"""The training engine: learning on digits, exact resume, divergence as data, parameter groups, schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fixup
+from fixup.cli import build_parser
+from fixup.cli import main as cli_main
+from fixup.nn import Bias, Scale
+from fixup.train import CheckpointError, TrainConfig, fit, lr_factor, param_groups
+from fixup.train.cli import config_from_args
+from fixup.train.engine import CHECKPOINT
+
+SMALL = {"depth": 8, "batch_size": 64, "epochs": 3, "schedule": "cosine"}
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_fixup_resnet_learns_digits() -> None:
+    # Measured: Fixup ResNet-8, 6 epochs, batch 32, lr 0.1 cosine -> 98.1% test accuracy (360 held-out digits).
+    result = fit(TrainConfig(depth=8, epochs=6, batch_size=32, schedule="cosine"), progress=False)
+    assert result.outcome.status == "completed"
+    assert [h["epoch"] for h in result.history] == list(range(1, 7))
+    assert result.final["test_acc"] >= 0.95
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+
+def test_resume_is_bitwise_exact(tmp_path) -> None:
+    # Augmentation, Mixup and Cutout draw randomness every step: resuming must replay it exactly.
+    cfg = TrainConfig(**SMALL, crop_padding=1, hflip="on", mixup_alpha=0.4, cutout=3, label_smoothing=0.1)
+    straight = fit(cfg, out_dir=tmp_path / "straight", progress=False)
+    steps = straight.history[0]["step"]
+
+    stop_at = steps + 5  # in the middle of the second epoch
+    first = fit(cfg, out_dir=tmp_path / "resumed", progress=False, on_step=lambda s: s.step == stop_at)
+    assert first.outcome.status == "interrupted" and first.outcome.step == stop_at
+    assert len(first.history) == 1
+    resumed = fit(cfg, out_dir=tmp_path / "resumed", progress=False)
+    assert resumed.outcome.status == "completed"
+    a, b = _weights(straight.model), _weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    drop = ("time_s",)
+    assert [{k: v for k, v in h.items() if k not in drop} for h in straight.history] == \
+           [{k: v for k, v in h.items() if k not in drop} for h in resumed.history]
+    # A finished run folder returns its result without training again.
+    again = fit(cfg, out_dir=tmp_path / "resumed", progress=False)
+    assert again.history == resumed.history
+
+
+def test_too_high_lr_is_a_recorded_divergence(tmp_path) -> None:
+    result = fit(TrainConfig(**SMALL, lr=1e4), out_dir=tmp_path, progress=False)
+    assert result.outcome.status == "diverged"
+    assert "loss is" in result.outcome.reason and ("nan" in result.outcome.reason or "inf" in result.outcome.reason)
+    assert result.outcome.step < 3 * 23
+    assert result.exit_code == 3
+    assert (tmp_path / "result.json").exists()
+
+
+def test_loss_bound_is_divergence_and_cli_exit_code(tmp_path) -> None:
+    # Untrained logits are zero, so the first loss is ln(10) = 2.30 > 1.
+    result = fit(TrainConfig(**SMALL, max_loss=1.0), progress=False)
+    assert result.outcome.status == "diverged" and result.outcome.step == 0
+    assert "exceeds max_loss=1" in result.outcome.reason
+    code = cli_main(["train", "--depth", "8", "--epochs", "1", "--max-loss", "1", "--no-progress",
+                           "--json", str(tmp_path / "r.json")])
+    assert code == 3
+
+
+def test_param_groups_are_exactly_the_scalars() -> None:
+    model = fixup.create_model("resnet_cifar", depth=14)
+    cfg = TrainConfig(lr=0.2, scalar_lr_mult=0.1, weight_decay=5e-4, scalar_weight_decay=0.0)
+    groups = {g["name"]: g for g in param_groups(model, cfg)}
+    expected = {id(p) for m in model.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters()}
+    assert {id(p) for p in groups["scalars"]["params"]} == expected
+    assert len(expected) == 2 + 6 * 5  # stem and head biases; 6 blocks of 4 biases and 1 multiplier
+    assert all(p.numel() == 1 for p in groups["scalars"]["params"])
+    assert {id(p) for p in groups["weights"]["params"]} == {id(p) for p in model.parameters()} - expected
+    assert groups["scalars"]["lr"] == pytest.approx(0.02) and groups["scalars"]["weight_decay"] == 0.0
+    assert groups["weights"]["lr"] == 0.2 and groups["weights"]["weight_decay"] == 5e-4
+    bn = fixup.create_model("resnet_cifar", depth=14, norm="batchnorm")
+    assert [g["name"] for g in param_groups(bn, cfg)] == ["weights"]
+
+
+def test_run_log_lists_groups(tmp_path) -> None:
+    import json
+
+    fit(TrainConfig(depth=8, epochs=1, batch_size=128), out_dir=tmp_path, progress=False)
+    run = json.loads((tmp_path / "run.json").read_text())
+    names = {g["name"]: g for g in run["param_groups"]}
+    assert set(names) == {"weights", "scalars"} and "layer1.0.scale.scale" in names["scalars"]["params"]
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,lr")
+    assert TrainConfig.from_dict(json.loads((tmp_path / "config.json").read_text())).depth == 8
+
+
+def test_schedules() -> None:
+    step = TrainConfig(schedule="step", milestones=(0.5, 0.75))
+    assert [lr_factor(s, 100, step) for s in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, .1, .1, .01, .01])
+    cos = TrainConfig(schedule="cosine", warmup_steps=10)
+    assert lr_factor(0, 110, cos) == pytest.approx(0.1) and lr_factor(9, 110, cos) == pytest.approx(1.0)
+    assert lr_factor(60, 110, cos) == pytest.approx(0.5) and lr_factor(110, 110, cos) == pytest.approx(0.0)
+    inv = TrainConfig(schedule="inverse_sqrt", warmup_steps=4000)
+    assert lr_factor(3999, 10**5, inv) == pytest.approx(1.0)
+    assert lr_factor(15999, 10**5, inv) == pytest.approx(0.5)  # sqrt(4000 / 16000)
+    assert lr_factor(1999, 10**5, inv) == pytest.approx(0.5)  # linear warm-up
+    assert TrainConfig(lr=0.1, batch_size=512, lr_reference_batch=128).effective_lr == pytest.approx(0.4)
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValueError, match="unknown training option"):
+        TrainConfig.from_dict({"learning_rate": 0.1})
+    with pytest.raises(ValueError, match="optimizer='rmsprop'"):
+        TrainConfig(optimizer="rmsprop").validate()
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TrainConfig(schedule="inverse_sqrt").validate()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--learning-rate", "0.1"])
+    args = build_parser().parse_args(["train", "--betas", "0.9", "0.98", "--nesterov", "--lr", "0.05"])
+    cfg = config_from_args(args)
+    assert cfg.betas == (0.9, 0.98) and cfg.nesterov and cfg.lr == 0.05 and cfg.epochs == TrainConfig().epochs
+
+
+def test_bad_checkpoints_are_clear_errors_and_kept(tmp_path) -> None:
+    cfg = TrainConfig(depth=8, epochs=1, batch_size=128)
+    (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        fit(cfg, out_dir=tmp_path, progress=False)
+    assert (tmp_path / CHECKPOINT).read_bytes() == b"not a checkpoint"
+    good = tmp_path / "good"
+    fit(cfg, out_dir=good, progress=False)
+    before = (good / CHECKPOINT).read_bytes()
+    with pytest.raises(CheckpointError, match=r"lr: checkpoint 0\.1, now 0\.05"):
+        fit(cfg.replace(lr=0.05), out_dir=good, progress=False)
+    assert (good / CHECKPOINT).read_bytes() == before
+
+
+def test_bf16_autocast_trains() -> None:
+    result = fit(TrainConfig(**{**SMALL, "epochs": 1}, precision="bf16"), progress=False)
+    assert result.outcome.status == "completed" and math.isfinite(result.final["train_loss"])
