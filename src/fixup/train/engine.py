@@ -82,14 +82,9 @@ def _seed_everything(seed: int) -> None:
 
 def _data_init(model: nn.Module, task: Task, config: TrainConfig, device: torch.device) -> None:
     """Data-dependent initialisation (LSUV) from the first training batch, where the method has one."""
-    try:
-        from ..baselines import data_init_
-    except ImportError:
-        if "lsuv" in config.init.lower():
-            raise ValueError(f"init={config.init!r} needs fixup.baselines.data_init_, which is not installed") from None
-        return
-    with torch.no_grad():
-        data_init_(model, move_to(task.first_batch(), device))
+    from ..baselines import data_init_
+
+    data_init_(model, move_to(task.first_batch(), device))  # a no-op for methods without a data-dependent step
 
 
 def _finite(model: nn.Module) -> bool:

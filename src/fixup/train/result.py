@@ -6,7 +6,7 @@ turns the outcome into its exit code (:data:`EXIT_CODES`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -17,17 +17,37 @@ __all__ = ["EXIT_CODES", "Outcome", "TrainResult"]
 EXIT_CODES = {"completed": 0, "diverged": 3, "interrupted": 4}
 
 
-@dataclass
-class Outcome:
-    """How a run ended: ``completed``, ``diverged`` (where and why) or ``interrupted`` (resumable)."""
+class Outcome(str):
+    """How a run ended: ``completed``, ``diverged`` (where and why) or ``interrupted`` (resumable).
 
-    status: str  # completed | diverged | interrupted
-    epoch: int  # 0-based epoch in which the run ended (the last epoch when completed)
-    step: int  # optimiser steps taken in total when it ended
-    reason: str = ""  # e.g. "training loss is nan at step 12 (epoch 0, batch 12)"
+    It is the status string itself (``result.outcome == "diverged"``; JSON writes it as that string)
+    carrying ``epoch`` (0-based epoch in which the run ended), ``step`` (optimiser steps taken in total)
+    and ``reason`` (e.g. "training loss is nan at step 12 (epoch 0, batch 12)").
+    """
+
+    epoch: int
+    step: int
+    reason: str
+
+    def __new__(cls, status: str, epoch: int = 0, step: int = 0, reason: str = "") -> Outcome:
+        if status not in EXIT_CODES:
+            raise ValueError(f"outcome status must be one of {', '.join(EXIT_CODES)}, got {status!r}")
+        obj = super().__new__(cls, status)
+        obj.epoch, obj.step, obj.reason = int(epoch), int(step), str(reason)
+        return obj
+
+    def __getnewargs__(self) -> tuple[str, int, int, str]:  # copy and pickle keep the fields
+        return (str(self), self.epoch, self.step, self.reason)
+
+    @property
+    def status(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.status!r}, epoch={self.epoch}, step={self.step}, reason={self.reason!r})"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"status": self.status, "epoch": self.epoch, "step": self.step, "reason": self.reason}
 
 
 @dataclass
@@ -46,6 +66,11 @@ class TrainResult:
     def final(self) -> dict[str, Any]:
         """The last epoch's metrics ({} when no epoch finished)."""
         return self.history[-1] if self.history else {}
+
+    @property
+    def reason(self) -> str:
+        """Why the run stopped early ("" when it completed)."""
+        return self.outcome.reason
 
     @property
     def exit_code(self) -> int:
