@@ -53,6 +53,22 @@ def test_resume_is_bitwise_exact(tmp_path) -> None:
     assert again.history == resumed.history
 
 
+def test_sigint_stops_after_the_step_and_resumes(tmp_path) -> None:
+    import os
+    import signal
+
+    cfg = TrainConfig(**{**SMALL, "epochs": 1})
+
+    def interrupt(info):
+        if info.step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = fit(cfg, out_dir=tmp_path, progress=False, on_step=interrupt)
+    assert first.outcome == "interrupted" and first.outcome.step == 4 and "SIGINT" in first.reason
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert fit(cfg, out_dir=tmp_path, progress=False).outcome == "completed"
+
+
 def test_too_high_lr_is_a_recorded_divergence(tmp_path) -> None:
     result = fit(TrainConfig(**SMALL, lr=1e4), out_dir=tmp_path, progress=False)
     assert result.outcome.status == "diverged"
