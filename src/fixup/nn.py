@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Bias", "Scale", "residual_add"]
+__all__ = ["Bias", "Scale", "check_residual_shapes", "residual_add"]
 
 
 class Bias(nn.Module):
@@ -44,16 +44,21 @@ class Scale(nn.Module):
         return x * self.scale
 
 
-def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block") -> Tensor:
-    """Return ``shortcut + branch`` after checking that both have the same full shape.
-
-    A plain ``+`` would broadcast a branch of the wrong width or size into a result that looks
-    valid; this names the block and both shapes instead.
-    """
+def check_residual_shapes(shortcut: Tensor, branch: Tensor, block: str = "residual block") -> None:
+    """Raise unless ``shortcut`` and ``branch`` have the same full shape (no broadcasting)."""
     if shortcut.shape != branch.shape:
         raise ValueError(
             f"{block}: residual branch output has shape {tuple(branch.shape)} but the shortcut has "
             f"shape {tuple(shortcut.shape)}; they must match exactly. Give the shortcut a projection "
             "(or subsampling) to the branch's shape, or correct the branch's width and stride."
         )
+
+
+def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block") -> Tensor:
+    """Return ``shortcut + branch`` after checking that both have the same full shape.
+
+    A plain ``+`` would broadcast a branch of the wrong width or size into a result that looks
+    valid; this names the block and both shapes instead.
+    """
+    check_residual_shapes(shortcut, branch, block)
     return shortcut + branch

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..branch import Branch
 from ..nn import Bias, Scale, residual_add
+from ..ops import basic_block_lean_forward, can_run_lean
 from ._common import finish, make_norm, method_for, name_blocks, scalar
 from ._registry import register_model
 
@@ -60,6 +61,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
         self.norm2 = make_norm(norm, out_ch, norm_groups)
         self.relu = nn.ReLU(inplace=True)
+        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         if stride == 1 and in_ch == out_ch:
             self.shortcut: nn.Module = nn.Identity()
@@ -83,6 +85,8 @@ class BasicBlock(nn.Module):
         return self.norm2
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.lean and can_run_lean(self):
+            return basic_block_lean_forward(self, x)
         x = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
         out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))

@@ -1,0 +1,160 @@
+"""The lean Fixup path computes what the straightforward one does, keeping less for backward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fixup.baselines import METHODS
+from fixup.models import create_model
+from fixup.models.resnet_cifar import BasicBlock, CifarResNet
+from fixup.ops import lean_conv2d, ones_response, set_lean
+
+
+def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Move every parameter off its initial value, so zero biases and unit scales prove nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model
+
+
+def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:
+    """Fixup's basic block written out with plain operations on full tensors (section 3, rule 3)."""
+    xa = x + block.bias1a.bias
+    out = F.relu(F.conv2d(xa, block.conv1.weight, None, block.conv1.stride, 1) + block.bias1b.bias)
+    out = F.conv2d(out + block.bias2a.bias, block.conv2.weight, None, 1, 1)
+    out = out * block.scale.scale + block.bias2b.bias
+    return F.relu(block.shortcut(xa) + out)
+
+
+def _reference(model: CifarResNet, x: torch.Tensor) -> torch.Tensor:
+    x = F.relu(model.conv1(x) + model.bias1.bias)
+    for stage in (model.layer1, model.layer2, model.layer3):
+        for block in stage:
+            x = _reference_block(block, x)
+    return model.fc(torch.flatten(model.pool(x), 1) + model.bias2.bias)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("shortcut", ["A", "B"])
+def test_lean_model_matches_plain_reference_in_outputs_and_gradients(shortcut):
+    torch.manual_seed(0)
+    model = _perturbed(create_model("resnet_cifar", depth=14, shortcut=shortcut))
+    assert all(block.lean for block in model.modules() if isinstance(block, BasicBlock))
+    reference = copy.deepcopy(model)
+    x = torch.randn(3, 3, 12, 12)
+    out, ref = model(x), _reference(reference, x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(g)
+    ref.backward(g)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        # float32 sums in a different order: compare relative to the gradient's own size
+        tol = 1e-5 * max(1.0, q.grad.abs().max().item())
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_plain_path_is_the_reference_too():
+    model = _perturbed(create_model("resnet_cifar", depth=8))
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(set_lean(model, False)(x), _reference(model, x), rtol=1e-5, atol=1e-5)
+    assert not any(getattr(m, "lean", False) for m in model.modules())
+
+
+_NO_NORM = [(norm, init) for norm in ("fixup", "none") for init in METHODS[norm] if init != "lsuv"]
+
+
+@pytest.mark.parametrize(("norm", "init"), _NO_NORM)
+def test_lean_equals_plain_for_every_method_without_normalisation(norm, init):
+    """Ablations drop scalars and the 1/sqrt(2) baseline scales block outputs: the lean path follows."""
+    model = _perturbed(create_model("resnet_cifar", depth=8, norm=norm, init=init, shortcut="B"))
+    plain = set_lean(copy.deepcopy(model), False)
+    x = torch.randn(2, 3, 8, 8)
+    out, ref = model(x), plain(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    out.sum().backward()
+    ref.sum().backward()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * max(1.0, q.grad.abs().max().item()))
+
+
+def test_forward_hooks_on_inner_modules_see_the_straightforward_path():
+    """LSUV and the lab's probes hook convolutions and scalars: they must see them called as written."""
+    model = _perturbed(create_model("resnet_cifar", depth=8))
+    block = model.layer1[0]
+    seen = {}
+    handle = block.conv1.register_forward_hook(lambda _m, inp, _out: seen.setdefault("input", inp[0]))
+    x = torch.randn(2, 3, 8, 8)
+    model(x)
+    handle.remove()
+    stem = F.relu(model.conv1(x) + model.bias1.bias)
+    torch.testing.assert_close(seen["input"], stem + block.bias1a.bias)  # conv1 received x + b1a
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_lean_conv2d_equals_shift_conv_scale_bias(stride):
+    conv = nn.Conv2d(4, 6, 3, stride, 1, bias=True)
+    x = torch.randn(2, 4, 7, 9, requires_grad=True)
+    shift, scale, bias = (torch.randn(1, requires_grad=True) for _ in range(3))
+    out = lean_conv2d(x, conv, shift=shift, scale=scale, bias=bias)
+    ref = scale * conv(x + shift) + bias
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    lean_grads = torch.autograd.grad(out, (x, shift, scale, bias, conv.weight, conv.bias), g)
+    ref_grads = torch.autograd.grad(ref, (x, shift, scale, bias, conv.weight, conv.bias), g)
+    for a, b in zip(lean_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_ones_response_differs_only_at_the_padded_border():
+    w = torch.randn(5, 3, 3, 3)
+    resp = ones_response(w, (6, 6), 1, 1)[0]
+    torch.testing.assert_close(resp, F.conv2d(torch.ones(1, 3, 6, 6), w, None, 1, 1)[0])
+    interior = w.sum((1, 2, 3))
+    torch.testing.assert_close(resp[:, 1:-1, 1:-1], interior[:, None, None].expand(5, 4, 4))
+    assert not torch.allclose(resp[:, 0, 0], interior)
+
+
+def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of distinct storages that autograd keeps for the backward pass of one forward."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum().backward()
+    return sum(storages.values())
+
+
+def test_lean_fixup_keeps_no_more_for_backward_than_the_bare_network():
+    # Activations dominate at this size, as in training; the lean path also keeps a scaled copy of each
+    # conv2 weight (the multiplier folded in), which is parameter-sized.
+    x = torch.randn(16, 3, 32, 32)
+    lean = create_model("resnet_cifar", depth=14)
+    plain = set_lean(copy.deepcopy(lean), False)
+    bare = create_model("resnet_cifar", depth=14, norm="none")
+    lean_b, plain_b, bare_b = (_saved_bytes(m, x) for m in (lean, plain, bare))
+    assert lean_b <= 1.05 * bare_b, (lean_b, bare_b)
+    assert plain_b >= 2 * bare_b, (plain_b, bare_b)  # the straightforward path keeps a tensor per scalar
+
+
+def test_lean_path_still_rejects_mismatched_residual_shapes():
+    block = BasicBlock(4, 4, norm="fixup")
+    block.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
+    with pytest.raises(ValueError, match=r"shape \(1, 4, 6, 6\)"):
+        block(torch.randn(1, 4, 6, 6))
+    bare = BasicBlock(4, 4, norm="none")
+    bare.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
+    with pytest.raises(ValueError, match="must match exactly"):
+        bare(torch.randn(1, 4, 6, 6))
