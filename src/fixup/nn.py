@@ -44,11 +44,12 @@ class Scale(nn.Module):
         return x * self.scale
 
 
-def check_residual_shapes(shortcut: Tensor, branch: Tensor, block: str = "residual block") -> None:
-    """Raise unless ``shortcut`` and ``branch`` have the same full shape (no broadcasting)."""
-    if shortcut.shape != branch.shape:
+def check_residual_shapes(shortcut: Tensor, branch: Tensor | torch.Size, block: str = "residual block") -> None:
+    """Raise unless ``shortcut`` and ``branch`` (a tensor or its shape) have the same full shape."""
+    branch_shape = branch.shape if isinstance(branch, Tensor) else torch.Size(branch)
+    if shortcut.shape != branch_shape:
         raise ValueError(
-            f"{block}: residual branch output has shape {tuple(branch.shape)} but the shortcut has "
+            f"{block}: residual branch output has shape {tuple(branch_shape)} but the shortcut has "
             f"shape {tuple(shortcut.shape)}; they must match exactly. Give the shortcut a projection "
             "(or subsampling) to the branch's shape, or correct the branch's width and stride."
         )

@@ -25,6 +25,7 @@ rounding (tests/test_speed_ops.py compares outputs and gradients).
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
@@ -165,8 +166,17 @@ def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
         # response to the scalar is that of a single constant image, added with the branch's last bias.
         response = block.shortcut(b1a.expand(1, *x.shape[1:]))
         post = response if post is None else response + post
+    shortcut = block.shortcut(x)
+    # Check the residual shapes before the shortcut's response joins conv2's output map.
+    check_residual_shapes(shortcut, _conv_output_shape(block.conv2, out.shape), block.block_name)
     out = lean_conv2d(out, block.conv2, shift=b2a, scale=_value(block.scale), bias=post)
-    return lean_residual_relu_(out, block.shortcut(x), block.block_name, block.output_scale)
+    return lean_residual_relu_(out, shortcut, block.block_name, block.output_scale)
+
+
+def _conv_output_shape(conv: nn.Conv2d, shape: torch.Size) -> torch.Size:
+    size = [(n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, p, d, k, s in zip(shape[-2:], conv.padding, conv.dilation, conv.kernel_size, conv.stride)]
+    return torch.Size((shape[0], conv.out_channels, *size))
 
 
 def set_lean(model: nn.Module, on: bool = True) -> nn.Module:
