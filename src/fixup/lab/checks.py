@@ -105,8 +105,11 @@ def symmetry_probe(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1, s
 
     A copy of the model is trained (plain SGD, train mode). Returns one record per weight layer:
     ``name``, ``units`` (output units), ``identical`` (units in a group of two or more equal units),
-    ``groups`` (their number), ``largest`` (size of the largest group), ``all_zero`` (every weight of the
-    layer is still zero), and ``flagged`` (``identical > 0``).
+    ``identical_nonzero`` (those of them whose weights are not all zero: a copied unit rather than a
+    unit that has not moved yet), ``zero_units`` (units whose weights are all still zero: no gradient
+    has reached them, e.g. a channel no example activates, or a zero-padded shortcut channel of a
+    Fixup network whose classifier column is still zero), ``groups``, ``largest`` (size of the largest
+    group), ``all_zero`` (the whole layer is still zero) and ``flagged`` (``identical > 0``).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (symmetry is judged after an update), got {steps!r}")
@@ -127,11 +130,13 @@ def symmetry_probe(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1, s
             if getattr(mod, "bias", None) is not None:
                 rows = torch.cat([rows, mod.bias.detach().double()[:, None]], dim=1)
             groups = _groups(rows, tol)
+            zero_rows = (rows == 0).all(dim=1)
             identical = sum(len(g) for g in groups)
+            nonzero = sum(len(g) for g in groups if not bool(zero_rows[g[0]]))
             records.append({"name": name, "type": type(mod).__name__, "units": rows.shape[0],
-                            "identical": identical, "groups": len(groups),
-                            "largest": max((len(g) for g in groups), default=0),
-                            "all_zero": bool((rows == 0).all()), "flagged": identical > 0})
+                            "identical": identical, "identical_nonzero": nonzero, "zero_units": int(zero_rows.sum()),
+                            "groups": len(groups), "largest": max((len(g) for g in groups), default=0),
+                            "all_zero": bool(zero_rows.all()), "flagged": identical > 0})
     return records
 
 
@@ -166,7 +171,7 @@ def residual_shapes(model: nn.Module, x: Tensor) -> list[dict[str, Any]]:
             last = branch.layers[-1]
             if isinstance(last, nn.Module):
                 handles.append(last.register_forward_hook(
-                    lambda _m, _i, o, rec=rec: rec["branch"].append(list(o.shape))))
+                    lambda _m, _i, o, rec=rec: rec["branch"].append(list(o.shape)) if isinstance(o, Tensor) else None))
     error: Exception | None = None
     try:
         with torch.no_grad():

@@ -115,13 +115,13 @@ def layer_stats(model: nn.Module, x: Tensor, y: Tensor | None = None, *,
         probed = [(n, m, r) for n, m in net.named_modules() if (r := _role(m, classifier)) is not None]
         accs = {n: _Acc() for n, _, _ in probed}
 
-        def hook(name: str, limits: tuple[float, float] | None) -> Callable[..., None]:
-            def fn(_mod: nn.Module, _inp: Any, out: Any) -> None:
-                if isinstance(out, Tensor):
-                    accs[name].add(out, limits)
+        def hook(acc: _Acc, limits: tuple[float, float] | None) -> Callable[..., None]:
+            def fn(_mod: nn.Module, _inp: Any, output: Any) -> None:
+                if isinstance(output, Tensor):
+                    acc.add(output, limits)
             return fn
 
-        handles = [m.register_forward_hook(hook(n, BOUNDED.get(type(m)))) for n, m, _ in probed]
+        handles = [m.register_forward_hook(hook(accs[n], BOUNDED.get(type(m)))) for n, m, _ in probed]
         try:
             out = net(x)
             loss = loss_fn(out, y) if y is not None else 0.5 * out.pow(2).sum()

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..branch import ResidualBlock, find_branches
 from ..nn import Bias, Scale
 
-__all__ = ["depth_sweep", "functional_update", "loglog_slope", "rms_change"]
+__all__ = ["depth_sweep", "functional_update", "loglog_slope", "rms_change", "update_sweep"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -48,10 +48,11 @@ def functional_update(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1
                       scalar_lr_factor: float = 1.0) -> list[dict[str, Any]]:
     """Δf of the SGD steps listed in ``steps`` while training a copy of ``model`` on the batch (x, y).
 
-    Returns one flat record per measured step: ``df`` (output change), ``df_rel`` (over the output's
-    size before the step), ``loss`` before the step, and, with ``per_block``, ``blocks``: one record per
-    residual block (``name``, ``df``, ``df_rel``). The model itself is left untouched; the copy is in
-    train mode. A diverged step shows as ``inf``/``nan``, never clipped.
+    Returns one flat record per measured step: ``df`` (output change), ``df_max`` (the largest ``df`` of
+    this and every earlier step: a network that blew up and then died still shows its blow-up),
+    ``df_rel`` (``df`` over the output's size before the step), ``loss`` before the step, and, with
+    ``per_block``, ``blocks``: one record per residual block (``name``, ``df``, ``df_rel``). The model
+    itself is left untouched; the copy is in train mode. A diverged step shows as ``inf``/``nan``, never clipped.
     """
     wanted = sorted({int(s) for s in steps})
     if not wanted or wanted[0] < 1:
@@ -74,10 +75,11 @@ def functional_update(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1
 
     handles = [m.register_forward_hook(hook(n)) for n, m in blocks] if per_block else []
     records = []
+    df_max = 0.0
     try:
         for step in range(1, wanted[-1] + 1):
             measure = step in wanted
-            capture[0] = measure
+            capture[0] = measure and per_block
             captured.clear()
             out = net(x)
             before = dict(captured)
@@ -87,12 +89,14 @@ def functional_update(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1
                 for p, g, rate in zip(params, grads, rates):
                     if g is not None and rate:
                         p.sub_(rate * g)
-                if not measure:
-                    continue
                 captured.clear()
                 after_out = net(x)
-                rec: dict[str, Any] = {"step": step, "loss": float(loss.detach()),
-                                       "df": rms_change(after_out, out.detach()),
+                df = rms_change(after_out, out.detach())
+                if math.isfinite(df_max) and (not math.isfinite(df) or df > df_max):
+                    df_max = df  # a non-finite step is kept: divergence is never forgotten
+                if not measure:
+                    continue
+                rec: dict[str, Any] = {"step": step, "loss": float(loss.detach()), "df": df, "df_max": df_max,
                                        "out_norm": _rms_norm(out.detach())}
                 rec["df_rel"] = rec["df"] / rec["out_norm"] if rec["out_norm"] > 0 else math.nan
                 if per_block:
@@ -136,7 +140,8 @@ def depth_sweep(factory: Callable[[int], nn.Module], depths: Sequence[int], x: T
                 per_block: bool = False, scalar_lr_factor: float = 1.0) -> dict[str, Any]:
     """:func:`functional_update` for ``factory(depth)`` at every depth, with a log-log fit per step.
 
-    Returns ``{"records": [...], "fits": {step: loglog_slope(...)}}``; each record carries ``depth``,
+    Returns ``{"records": [...], "fits": {"df@k": ..., "df_max@k": ...}}`` (a :func:`loglog_slope` of
+    ``df`` and of ``df_max`` at every measured step k); each record carries ``depth``,
     ``L`` (residual branches found by the branch protocol), ``step`` and the measured Δf.
     """
     records: list[dict[str, Any]] = []
@@ -146,8 +151,36 @@ def depth_sweep(factory: Callable[[int], nn.Module], depths: Sequence[int], x: T
         for rec in functional_update(model, x, y, lr=lr, steps=steps, loss_fn=loss_fn, per_block=per_block,
                                        scalar_lr_factor=scalar_lr_factor):
             records.append({"depth": int(depth), "L": L, **rec})
-    fits = {}
+    fits: dict[str, dict[str, Any]] = {}
     for step in sorted({r["step"] for r in records}):
         rs = [r for r in records if r["step"] == step]
-        fits[step] = loglog_slope([r["L"] for r in rs], [r["df"] for r in rs])
+        fits[f"df@{step}"] = loglog_slope([r["L"] for r in rs], [r["df"] for r in rs])
+        fits[f"df_max@{step}"] = loglog_slope([r["L"] for r in rs], [r["df_max"] for r in rs])
     return {"records": records, "fits": fits}
+
+
+def update_sweep(model: str = "resnet_cifar", depths: Sequence[int] = (20, 56, 110), *,
+                 methods: Sequence[str] = ("fixup", "fixup_no_depth_scale", "none"), lr: float = 0.1,
+                 steps: Sequence[int] = (1, 10), batch: int = 8, size: int = 8, num_classes: int = 10,
+                 scalar_lr_factor: float = 1.0, seed: int = 0) -> dict[str, Any]:
+    """Measured Δf against depth for a registered model under several initialisation methods.
+
+    Every method and depth sees the same fixed Gaussian batch (``batch`` images of ``size`` x ``size``).
+    ``scalar_lr_factor`` multiplies the learning rate of Fixup's scalar biases and multipliers (0 holds
+    them fixed, as the analysis of section 3 does, which has no biases). Returns ``config``, the flat
+    ``records`` (with ``method``) and ``fits[method]["df@k" or "df_max@k"]`` (log-log slopes against L).
+    """
+    from .methods import model_factory, sample_batch
+
+    x, y = sample_batch(batch, size, 3, num_classes, seed)
+    records: list[dict[str, Any]] = []
+    fits: dict[str, dict[str, dict[str, Any]]] = {}
+    for method in methods:
+        sweep = depth_sweep(model_factory(model, method, seed=seed, num_classes=num_classes), depths, x, y,
+                            lr=lr, steps=steps, scalar_lr_factor=scalar_lr_factor)
+        records += [{"method": method, **r} for r in sweep["records"]]
+        fits[method] = sweep["fits"]
+    config = {"model": model, "depths": list(depths), "methods": list(methods), "lr": lr, "steps": list(steps),
+              "batch": batch, "size": size, "num_classes": num_classes, "scalar_lr_factor": scalar_lr_factor,
+              "seed": seed}
+    return {"config": config, "records": records, "fits": fits}

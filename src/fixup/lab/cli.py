@@ -1,0 +1,237 @@
+"""``fixup lab ...``: argument parsing and printing for the laboratory; the work is in the lab modules.
+
+Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``coupling MODEL``. Each prints a
+table, writes its records with ``--json PATH`` and a figure with ``--plot PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(float(v)) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 10,100,1000, "
+                                         f"got {text!r}") from err
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return "x".join(map(str, v)) if all(isinstance(a, int) for a in v) else str(v)
+    return str(v)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A plain text table of ``columns`` from ``rows``."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
+    from ..cli import write_json
+
+    if args.json:
+        write_json(args.json, data)
+        print(f"wrote {args.json}")
+    if args.plot and plot is not None:
+        print(f"wrote {plot(args.plot)}")
+    return 0
+
+
+def _theory(args: argparse.Namespace) -> int:
+    from . import plots
+    from .scalar import forward_variance
+    from .theory import budget, lesson_lines
+
+    print("\n".join(lesson_lines()))
+    budgets = [budget(L, args.m, args.eta).to_dict() for L in args.depths]
+    print(f"\nfirst-step budgets (m={args.m}, eta={args.eta}): aligned updates add like L, independent like sqrt(L)")
+    print(table(budgets, ["L", "scale", "path_gain", "per_branch", "aligned_total", "independent_total",
+                          "independence_scale", "independence_aligned_total"]))
+    variance = forward_variance([L for L in args.variance_depths], m=args.m, draws=args.draws)
+    print(f"\nforward second moment E[f^2]/x^2 at initialisation, scalar network, {args.draws} draws")
+    print(table(variance, ["L", "standard_exact", "standard_mean_f2", "standard_median_f2", "fixup_mean_f2",
+                           "fixup_max_abs_f_minus_x"]))
+    data = {"lesson": lesson_lines(), "budgets": budgets, "forward_variance": variance}
+    return _finish(args, data, lambda p: plots.plot_forward_variance(variance, p))
+
+
+def _scalar(args: argparse.Namespace) -> int:
+    from . import plots
+    from .scalar import ScalarConfig, scalar_sweep
+
+    cfg = ScalarConfig(m=args.m, eta=args.eta, x=args.x, y=args.y, draw=args.draw, updates=args.updates, seed=args.seed)
+    records = scalar_sweep(args.depths, args.schemes, cfg)
+    print(f"scalar network: m={cfg.m}, eta={cfg.eta}, x={cfg.x}, y={cfg.y}, {cfg.draw} weights, {cfg.updates} updates")
+    print(table(records, ["scheme", "L", "factor", "sum_gain2", "df1", "df1_over_eta", "df2",
+                          "inner_moved_step1", "inner_moved_step2"]))
+    return _finish(args, {"config": cfg.__dict__, "records": records}, lambda p: plots.plot_scalar(records, p))
+
+
+def _update(args: argparse.Namespace) -> int:
+    from . import plots
+    from .update import update_sweep
+
+    result = update_sweep(args.model, args.depths, methods=args.methods, lr=args.lr, steps=args.steps,
+                          batch=args.batch, size=args.size, num_classes=args.num_classes,
+                          scalar_lr_factor=args.scalar_lr, seed=args.seed)
+    c = result["config"]
+    print(f"{c['model']}: Δf of SGD steps {c['steps']} at lr {c['lr']} (scalars x{c['scalar_lr_factor']}), "
+          f"batch {c['batch']} of {c['size']}x{c['size']} Gaussian images")
+    print(table(result["records"], ["method", "depth", "L", "step", "loss", "df", "df_max", "df_rel"]))
+    fits = [{"method": m, "quantity": q, **f} for m, by in result["fits"].items() for q, f in by.items()]
+    print("\nlog-log fit against L (df@k: Δf of step k; df_max@k: largest Δf of steps 1..k; diverged points "
+          "are excluded and counted)")
+    print(table(fits, ["method", "quantity", "slope", "stderr", "n", "excluded"]))
+    return _finish(args, result, lambda p: plots.plot_update(result, p))
+
+
+def _model(args: argparse.Namespace) -> Any:
+    from .methods import build_model
+
+    kwargs: dict[str, Any] = {"num_classes": args.num_classes}
+    if args.depth is not None:
+        kwargs["depth"] = args.depth
+    return build_model(args.model, args.method, seed=args.seed, **kwargs)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from . import plots
+    from .checks import residual_shapes, symmetry_probe
+    from .methods import sample_batch
+    from .probes import layer_stats
+
+    model = _model(args)
+    x, y = sample_batch(args.batch, args.size, 3, args.num_classes, args.seed)
+    stats = layer_stats(model, x, y)
+    shown = stats if args.all else [r for r in stats if r["role"] in ("block", "classifier")]
+    print(f"{args.model} ({args.method}): per-{'module' if args.all else 'block'} statistics, train and eval mode")
+    print(table(shown, ["mode", "name", "role", "mean", "std", "frac_zero", "frac_saturated", "grad_norm",
+                        "param_norm"]))
+    sym = symmetry_probe(model, x, y, lr=args.lr, steps=args.sym_steps)
+    flagged = [r for r in sym if r["flagged"]]
+    print(f"\nsymmetry after {args.sym_steps} SGD step(s): {len(flagged)} of {len(sym)} weight layers "
+          "have identical units")
+    if flagged:
+        print(table(flagged, ["name", "units", "identical", "identical_nonzero", "zero_units", "groups", "largest"]))
+    shapes = residual_shapes(model, x)
+    bad = [r for r in shapes if not r["ok"]]
+    print(f"\nresidual shapes: {len(shapes) - len(bad)} of {len(shapes)} residual sums match")
+    for r in bad:
+        print(f"  {r['block']}: {r['message']}")
+    data = {"model": args.model, "method": args.method, "stats": stats, "symmetry": sym, "residual_shapes": shapes}
+    return _finish(args, data, lambda p: plots.plot_layer_stats(stats, p))
+
+
+def _coupling(args: argparse.Namespace) -> int:
+    from . import plots
+    from .checks import batch_coupling
+    from .methods import build_model, sample_batch
+
+    x, _ = sample_batch(1 + 2 * args.companions, args.size, 3, args.num_classes, args.seed)
+    probe, a, b = x[:1], x[1: 1 + args.companions], x[1 + args.companions:]
+    records = []
+    for method in args.methods:
+        kwargs: dict[str, Any] = {"num_classes": args.num_classes}
+        if args.depth is not None:
+            kwargs["depth"] = args.depth
+        model = build_model(args.model, method, seed=args.seed, **kwargs)
+        records += [{"method": method, **r} for r in batch_coupling(model, probe, a, b)]
+    print(f"{args.model}: change of one example's outputs when its {args.companions} companions change")
+    print(table(records, ["method", "mode", "output", "output_rel", "blocks", "blocks_rel", "worst_block"]))
+    return _finish(args, records, lambda p: plots.plot_coupling(records, p))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", help="write the records as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a figure (PNG; needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _model_args(p: argparse.ArgumentParser, methods: bool = False) -> None:
+    p.add_argument("model", help="a registered model name (`fixup list`), e.g. resnet20 or resnet_cifar")
+    if methods:
+        p.add_argument("--methods", type=_names, default=["fixup", "batchnorm"],
+                       help="comma-separated methods (fixup, fixup_no_depth_scale, none, batchnorm, ...)")
+    else:
+        p.add_argument("--method", default="fixup", help="fixup (default), fixup_no_depth_scale, none, batchnorm, ...")
+    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images (default 8)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    lab = sub.add_parser("lab", help="the laboratory: Fixup's theory made executable, probes of real networks")
+    labsub = lab.add_subparsers(dest="lab_command", required=True)
+
+    p = labsub.add_parser("theory", help="the lesson's fixtures, first-step budgets, forward variance at init")
+    p.add_argument("--depths", type=_ints, default=[1, 10, 100, 1000, 10000], help="L values for the budgets")
+    p.add_argument("--variance-depths", type=_ints, default=[1, 5, 10, 20, 50, 100])
+    p.add_argument("--m", type=int, default=2)
+    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--draws", type=int, default=2000, help="random draws for the forward variance")
+    _common(p)
+    p.set_defaults(func=_theory)
+
+    p = labsub.add_parser("scalar", help="the scalar network of section 3: exact first-step Δf against depth")
+    p.add_argument("--depths", type=_ints, default=[10, 100, 1000, 10000, 100000])
+    p.add_argument("--schemes", type=_names, default=["fixup", "unscaled", "sqrt", "zero", "fixup_x0.1", "fixup_x10"])
+    p.add_argument("--m", type=int, default=2)
+    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--x", type=float, default=1.0, help="scalar input")
+    p.add_argument("--y", type=float, default=2.0, help="regression target")
+    p.add_argument("--draw", choices=("constant", "gaussian"), default="constant")
+    p.add_argument("--updates", choices=("aligned", "random_sign"), default="aligned")
+    _common(p)
+    p.set_defaults(func=_scalar)
+
+    p = labsub.add_parser("update", help="measured Δf of SGD steps against depth on a real network")
+    p.add_argument("--model", default="resnet_cifar", help="a registered model taking depth= (default resnet_cifar)")
+    p.add_argument("--depths", type=_ints, default=[20, 56, 110])
+    p.add_argument("--methods", type=_names, default=["fixup", "fixup_no_depth_scale", "none"])
+    p.add_argument("--steps", type=_ints, default=[1, 10], help="steps to measure (1 is the first)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--scalar-lr", type=float, default=1.0,
+                   help="learning-rate factor of Fixup's scalar biases and multipliers (0 holds them fixed)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--size", type=int, default=8)
+    p.add_argument("--num-classes", type=int, default=10)
+    _common(p)
+    p.set_defaults(func=_update)
+
+    p = labsub.add_parser("probe", help="per-block statistics, symmetry and residual-shape checks of a model")
+    _model_args(p)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the symmetry probe")
+    p.add_argument("--sym-steps", type=int, default=2, help="SGD steps before judging symmetry (default 2)")
+    p.add_argument("--all", action="store_true", help="show every module, not only blocks and classifier")
+    _common(p)
+    p.set_defaults(func=_probe)
+
+    p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
+    _model_args(p, methods=True)
+    p.add_argument("--companions", type=int, default=7)
+    _common(p)
+    p.set_defaults(func=_coupling)

@@ -1,0 +1,123 @@
+"""Figures of the laboratory's records. matplotlib is imported here, only when a figure is drawn.
+
+Each function takes the records a lab function returned and writes one PNG to ``path``. Non-finite
+values (overflow, divergence) cannot be drawn on a log axis: they are marked with an ``x`` at the top
+edge of the plot and counted in the legend, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_update"]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("plotting needs matplotlib: pip install 'fixup-lab[plots]'") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def _loglog_series(ax: Any, xs: Sequence[float], ys: Sequence[float], label: str) -> None:
+    finite = [(a, b) for a, b in zip(xs, ys) if math.isfinite(b) and b > 0]
+    bad = [a for a, b in zip(xs, ys) if not (math.isfinite(b) and b > 0)]
+    n_bad = sum(1 for b in ys if not math.isfinite(b))
+    line = ax.plot([a for a, _ in finite], [b for _, b in finite], "o-", label=label + (
+        f" ({n_bad} inf/nan)" if n_bad else ""))[0]
+    if bad:
+        top = ax.get_ylim()[1] if finite else 1.0
+        ax.plot(bad, [top] * len(bad), "x", color=line.get_color(), markersize=9, clip_on=False)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+
+
+def plot_scalar(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Δf/eta of the first SGD step against L, one line per scheme (from :func:`fixup.lab.scalar_sweep`)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for scheme in dict.fromkeys(r["scheme"] for r in records):
+        rs = [r for r in records if r["scheme"] == scheme]
+        _loglog_series(ax, [r["L"] for r in rs], [r["df1_over_eta"] for r in rs], scheme)
+    ax.set_xlabel("residual branches L")
+    ax.set_ylabel("first-step |Δf| / η")
+    ax.set_title(f"scalar network, m={records[0]['m']}, {records[0]['updates']} updates")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_update(result: dict[str, Any], path: str | Path) -> Path:
+    """Measured Δf against L per method, one panel per step (from :func:`fixup.lab.update_sweep`)."""
+    plt = _pyplot()
+    records = result["records"]
+    steps = sorted({r["step"] for r in records})
+    panels = [("df", s) for s in steps] + [("df_max", steps[-1])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
+    for ax, (key, step) in zip(axes[0], panels):
+        for method in dict.fromkeys(r["method"] for r in records):
+            rs = [r for r in records if r["method"] == method and r["step"] == step]
+            fit = result["fits"][method][f"{key}@{step}"]
+            label = f"{method}: slope {fit['slope']:.2f} ± {fit['stderr']:.2f}"
+            _loglog_series(ax, [r["L"] for r in rs], [r[key] for r in rs], label)
+        ax.set_xlabel("residual branches L")
+        ax.set_ylabel("|Δf| (RMS over the batch)")
+        title = f"SGD step {step}" if key == "df" else f"largest step in the first {step}"
+        ax.set_title(f"{title}, lr {result['config']['lr']}")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_layer_stats(records: Sequence[dict[str, Any]], path: str | Path,
+                     fields: Sequence[str] = ("std", "frac_zero", "grad_norm")) -> Path:
+    """Per-module statistics in module order, train against eval (from :func:`fixup.lab.layer_stats`)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(fields), 1, figsize=(8, 2.6 * len(fields)), squeeze=False, sharex=True)
+    for ax, field in zip(axes[:, 0], fields):
+        for mode in dict.fromkeys(r["mode"] for r in records):
+            rs = [r for r in records if r["mode"] == mode and r.get(field) is not None]
+            ax.plot([r["index"] for r in rs], [r[field] for r in rs], ".-", label=mode)
+        ax.set_ylabel(field)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("module index (execution order of definition)")
+    return _save(fig, path)
+
+
+def plot_forward_variance(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """E[f^2]/x^2 at initialisation against L: standard init (exact and sampled) and Fixup."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    Ls = [r["L"] for r in records]
+    _loglog_series(ax, Ls, [r["standard_exact"] for r in records], "standard, exact 2^L")
+    _loglog_series(ax, Ls, [r["standard_mean_f2"] for r in records], "standard, sampled mean")
+    _loglog_series(ax, Ls, [r["fixup_mean_f2"] for r in records], "Fixup (f = x)")
+    ax.set_xlabel("residual branches L")
+    ax.set_ylabel("E[f²] / x²")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_coupling(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Relative batch coupling per method and mode (from :func:`fixup.lab.batch_coupling`, with ``method``)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = [f"{r.get('method', '')} {r['mode']}".strip() for r in records]
+    ax.bar(range(len(records)), [r["blocks_rel"] for r in records])
+    ax.set_xticks(range(len(records)), labels, rotation=30, ha="right")
+    ax.set_ylabel("largest relative change of a block output")
+    return _save(fig, path)
