@@ -108,13 +108,13 @@ def _update(args: argparse.Namespace) -> int:
     return _finish(args, result, lambda p: plots.plot_update(result, p))
 
 
-def _model(args: argparse.Namespace) -> Any:
+def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
     from .methods import build_model
 
-    kwargs: dict[str, Any] = {"num_classes": args.num_classes}
+    kwargs: dict[str, Any] = {"num_classes": args.num_classes, "data": data}
     if args.depth is not None:
         kwargs["depth"] = args.depth
-    return build_model(args.model, args.method, seed=args.seed, **kwargs)
+    return build_model(args.model, method, seed=args.seed, **kwargs)
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -123,8 +123,8 @@ def _probe(args: argparse.Namespace) -> int:
     from .methods import sample_batch
     from .probes import layer_stats
 
-    model = _model(args)
     x, y = sample_batch(args.batch, args.size, 3, args.num_classes, args.seed)
+    model = _model(args, args.method, x)
     stats = layer_stats(model, x, y)
     shown = stats if args.all else [r for r in stats if r["role"] in ("block", "classifier")]
     print(f"{args.model} ({args.method}): per-{'module' if args.all else 'block'} statistics, train and eval mode")
@@ -148,16 +148,13 @@ def _probe(args: argparse.Namespace) -> int:
 def _coupling(args: argparse.Namespace) -> int:
     from . import plots
     from .checks import batch_coupling
-    from .methods import build_model, sample_batch
+    from .methods import sample_batch
 
     x, _ = sample_batch(1 + 2 * args.companions, args.size, 3, args.num_classes, args.seed)
     probe, a, b = x[:1], x[1: 1 + args.companions], x[1 + args.companions:]
     records = []
     for method in args.methods:
-        kwargs: dict[str, Any] = {"num_classes": args.num_classes}
-        if args.depth is not None:
-            kwargs["depth"] = args.depth
-        model = build_model(args.model, method, seed=args.seed, **kwargs)
+        model = _model(args, method, x)
         records += [{"method": method, **r} for r in batch_coupling(model, probe, a, b)]
     print(f"{args.model}: change of one example's outputs when its {args.companions} companions change")
     print(table(records, ["method", "mode", "output", "output_rel", "blocks", "blocks_rel", "worst_block"]))
@@ -176,7 +173,8 @@ def _model_args(p: argparse.ArgumentParser, methods: bool = False) -> None:
         p.add_argument("--methods", type=_names, default=["fixup", "batchnorm"],
                        help="comma-separated methods (fixup, fixup_no_depth_scale, none, batchnorm, ...)")
     else:
-        p.add_argument("--method", default="fixup", help="fixup (default), fixup_no_depth_scale, none, batchnorm, ...")
+        p.add_argument("--method", default="fixup",
+                       help="fixup (default), fixup_no_depth_scale, none (He), sqrt2, lsuv, batchnorm, ...")
     p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images (default 8)")

@@ -1,9 +1,9 @@
 """Build a registered model under a named initialisation method, reproducibly, for the laboratory.
 
-A method is a (norm, init) pair of :func:`fixup.create_model`: ``fixup`` (the rule), ``fixup_no_depth_scale``
-(the rule without rule 2's factor, the paper's "essential" ablation), ``none`` (He initialisation, no
-normalisation), ``batchnorm``, ``groupnorm`` and the baselines ``sqrt2`` (1/sqrt(2) residual rescaling)
-and ``lsuv`` where the models provide them.
+A method is a (norm, init) pair of :func:`fixup.create_model`, named as in :mod:`fixup.baselines`:
+``fixup`` (the rule) and its ablations (``fixup_no_depth_scale``, the paper's "essential" one, ...),
+``none`` or ``he`` (He initialisation, no normalisation), ``xavier``, ``lsuv``, ``sqrt2`` (1/sqrt(2)
+residual rescaling), and the normalised baselines by their norm (``batchnorm``, ``groupnorm``).
 """
 
 from __future__ import annotations
@@ -14,28 +14,35 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..init import fixup_init_
+from ..baselines import METHODS as BASELINE_METHODS
+from ..baselines import data_init_
 from ..models import create_model
 
 __all__ = ["METHODS", "build_model", "model_factory", "sample_batch"]
 
-# method -> (norm, init) for create_model
-METHODS: dict[str, tuple[str, str | None]] = {
-    "fixup": ("fixup", None),
-    "fixup_no_depth_scale": ("fixup", "fixup_no_depth_scale"),
-    "none": ("none", None),
-    "batchnorm": ("batchnorm", None),
-    "groupnorm": ("groupnorm", None),
-    "sqrt2": ("none", "sqrt2"),
-    "lsuv": ("none", "lsuv"),
-}
-ALIASES = {"resnet": "resnet_cifar", "he": "none", "bn": "batchnorm", "gn": "groupnorm"}
+
+def _methods() -> dict[str, tuple[str, str | None]]:
+    """method name -> (norm, init) of create_model, from the methods :mod:`fixup.baselines` defines."""
+    table: dict[str, tuple[str, str | None]] = {}
+    for norm, inits in BASELINE_METHODS.items():
+        for init in inits:
+            table[init if norm in ("fixup", "none") else norm] = (norm, init)
+    table["none"] = ("none", "he")
+    return table
 
 
-def build_model(name: str, method: str = "fixup", *, seed: int = 0, **kwargs: Any) -> nn.Module:
+# method -> (norm, init): fixup and its ablations by init name (fixup_no_depth_scale, ...), the
+# unnormalised baselines by init name (he = none, xavier, lsuv, sqrt2), the normalised ones by norm.
+METHODS: dict[str, tuple[str, str | None]] = _methods()
+ALIASES = {"resnet": "resnet_cifar", "bn": "batchnorm", "gn": "groupnorm"}
+
+
+def build_model(name: str, method: str = "fixup", *, seed: int = 0, data: torch.Tensor | None = None,
+                **kwargs: Any) -> nn.Module:
     """``create_model(name, norm=..., init=..., **kwargs)`` for ``method``, drawn from ``seed``.
 
-    The global random state is left as it was (the draw happens inside ``torch.random.fork_rng``).
+    A data-dependent method (``lsuv``) is finished on ``data`` with :func:`fixup.baselines.data_init_`;
+    without data it raises. The global random state is left as it was.
     """
     name = ALIASES.get(name, name)
     method = ALIASES.get(method, method)
@@ -44,21 +51,12 @@ def build_model(name: str, method: str = "fixup", *, seed: int = 0, **kwargs: An
     norm, init = METHODS[method]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
-        opts = {"norm": norm, **kwargs}
-        if norm == "fixup":
-            opts["generator"] = gen
-        if init is None:
-            return create_model(name, **opts)
-        try:
-            return create_model(name, init=init, **opts)
-        except ValueError:
-            if method != "fixup_no_depth_scale":
-                raise
-        # Models that do not yet know the init name: apply the ablation directly.
-        model = create_model(name, **opts)
-        model.init_report = fixup_init_(model, depth_scaling=False, generator=gen)
-        return model
+        model = create_model(name, norm=norm, init=init, generator=torch.Generator().manual_seed(seed), **kwargs)
+        if getattr(model, "pending_data_init", None):
+            if data is None:
+                raise ValueError(f"method {method!r} initialises from data; pass data=<an input batch>")
+            data_init_(model, data)
+    return model
 
 
 def model_factory(name: str, method: str = "fixup", *, seed: int = 0, **kwargs: Any) -> Callable[[int], nn.Module]:

@@ -176,7 +176,7 @@ def update_sweep(model: str = "resnet_cifar", depths: Sequence[int] = (20, 56, 1
     records: list[dict[str, Any]] = []
     fits: dict[str, dict[str, dict[str, Any]]] = {}
     for method in methods:
-        sweep = depth_sweep(model_factory(model, method, seed=seed, num_classes=num_classes), depths, x, y,
+        sweep = depth_sweep(model_factory(model, method, seed=seed, num_classes=num_classes, data=x), depths, x, y,
                             lr=lr, steps=steps, scalar_lr_factor=scalar_lr_factor)
         records += [{"method": method, **r} for r in sweep["records"]]
         fits[method] = sweep["fits"]
