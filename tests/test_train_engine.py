@@ -155,6 +155,14 @@ def test_bad_checkpoints_are_clear_errors_and_kept(tmp_path) -> None:
     assert (good / CHECKPOINT).read_bytes() == before
 
 
+def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    with pytest.raises(ValueError, match="needs the tensorboard package"):
+        fit(TrainConfig(**SMALL, tensorboard=True), out_dir=tmp_path, progress=False)
+
+
 def test_bf16_autocast_trains() -> None:
     result = fit(TrainConfig(**{**SMALL, "epochs": 1}, precision="bf16"), progress=False)
     assert result.outcome.status == "completed" and math.isfinite(result.final["train_loss"])

@@ -42,7 +42,7 @@ class TrainConfig:
     channels: int = 0  # input channels fed to the model (0 = as stored; 1 <-> 3 converts)
     split_seed: int = 0  # seed of digits' fixed stratified train/test split
     test_fraction: float = 0.2  # fraction of digits held out for testing
-    crop_padding: int = -1  # random-crop padding in pixels (-1 = 4 for CIFAR/SVHN/folders, 0 for digits)
+    crop_padding: int = -1  # random-crop padding in pixels (-1 = 4 for CIFAR and folders, 0 for SVHN and digits)
     hflip: str = "auto"  # random horizontal flips: on | off | auto (on for CIFAR and folders)
     cutout: int = 0  # side of the Cutout square in pixels, 0 = off (DeVries & Taylor 2017 use 16 on CIFAR-10)
     mixup_alpha: float = 0.0  # Mixup's Beta(alpha, alpha), 0 = off (Fixup paper, section 4.2: 0.7 for Fixup)

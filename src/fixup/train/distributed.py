@@ -74,6 +74,9 @@ def wrap_model(model: nn.Module, runtime: Runtime, sync_bn: bool) -> nn.Module:
     if not runtime.distributed:
         return model
     if sync_bn:
+        if runtime.device.type != "cuda":
+            raise ValueError("sync_bn=True needs CUDA devices (PyTorch's SyncBatchNorm runs on GPUs only); on CPU "
+                             "drop --sync-bn and each process normalises with its own share of the batch")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [runtime.device.index] if runtime.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)

@@ -23,9 +23,10 @@ from .task import Shard, seeded_generator, shard_order
 
 __all__ = ["ImageClassification"]
 
-# Standard augmentation per data set: random-crop padding (pixels) and horizontal flips
-# (He et al. 2016, section 4.2 for CIFAR; SVHN digits are not mirror-symmetric, so no flips).
-_CROP = {"digits": 0, "cifar10": 4, "cifar100": 4, "svhn": 4, "folder": 4}
+# Standard augmentation per data set: random-crop padding (pixels) and horizontal flips (He et al.
+# 2016, section 4.2 for CIFAR). SVHN is customarily trained without augmentation (Zagoruyko &
+# Komodakis 2016; DeVries & Taylor 2017 add only Cutout); digits are too small to crop.
+_CROP = {"digits": 0, "cifar10": 4, "cifar100": 4, "svhn": 0, "folder": 4}
 _FLIP = {"digits": False, "cifar10": True, "cifar100": True, "svhn": False, "folder": True}
 
 
