@@ -186,3 +186,15 @@ def test_epoch_stream_is_deterministic_and_shards_cover_the_global_batch() -> No
         key = lambda xs: sorted(map(tuple, xs.flatten(1).tolist()))  # noqa: E731
         assert key(torch.cat([x0, x1])) == key(x)
         assert sorted(torch.cat([y0, y1]).tolist()) == sorted(y.tolist())
+
+
+def test_training_on_a_cifar_fixture_runs_every_augmentation(tmp_path) -> None:
+    from fixup.train import fit
+
+    _write_cifar10(tmp_path, n=8)
+    cfg = TrainConfig(dataset="cifar10", data_dir=str(tmp_path), depth=8, width=4, epochs=1, batch_size=16,
+                      cutout=8, mixup_alpha=0.7, scalar_lr_mult=0.1)
+    result = fit(cfg, out_dir=tmp_path / "run", progress=False)
+    assert result.outcome == "completed" and result.final["step"] == 3
+    assert result.task["crop_padding"] == 4 and result.task["hflip"] is True
+    assert {g["name"]: g["lr"] for g in result.param_groups} == pytest.approx({"weights": 0.1, "scalars": 0.01})

@@ -49,6 +49,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 
     _ALLOWED: ClassVar[set[tuple[str, str]]] = {
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
         ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
 
     def find_class(self, module: str, name: str) -> Any:

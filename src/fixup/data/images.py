@@ -12,6 +12,7 @@ in-memory sets also offer :meth:`TensorImages.batch` to gather a whole batch wit
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +102,17 @@ def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], channels: in
     return (float(np.mean(mean)),), (float(np.mean(std)),)
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images (N, 8, 8) float32 in [0, 1], labels), read once per process."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    images = bunch.images.astype(np.float32) / 16.0
+    images.flags.writeable = False
+    return images, bunch.target.astype(np.int64)
+
+
 def load_digits(*, split_seed: int = 0, test_fraction: float = 0.2, size: int = 0, resize: str = "interpolate",
                 channels: int = 0) -> ImageData:
     """scikit-learn's 1,797 real 8x8 handwritten digits with a stratified split fixed by ``split_seed``.
@@ -108,16 +120,15 @@ def load_digits(*, split_seed: int = 0, test_fraction: float = 0.2, size: int = 
     Pixels (0..16 in the source) are scaled to [0, 1]; ``size`` upsamples or pads the images (0 keeps
     8x8); ``channels=3`` repeats the grey channel for models that expect colour.
     """
-    from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
-    bunch = sk_digits()
-    images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]  # (N, 1, 8, 8)
-    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    raw_images, raw_labels = _digits_arrays()
+    images = torch.tensor(raw_images)[:, None]  # (N, 1, 8, 8), a copy
+    labels = torch.tensor(raw_labels)
     tr, te = train_test_split(np.arange(len(labels)), test_size=test_fraction, random_state=split_seed,
-                              stratify=bunch.target)
+                              stratify=raw_labels)
     tr, te = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(te))
     # Resize once at load: the whole set is tiny, and every batch is then a single indexing op.
     train_x, test_x = (adapt_channels(images[i], channels) for i in (tr, te))

@@ -102,7 +102,8 @@ def fit(config: TrainConfig, *, out_dir: str | Path | None = None, task: Task | 
         progress: draw a progress bar (main process only).
         on_step: called after every optimiser step; returning True stops the run like SIGINT does.
 
-    Divergence and interruption are outcomes in the result, not exceptions. A run folder holding a
+    The global RNGs (torch, numpy, random) are seeded from ``config.seed``. Divergence and
+    interruption are outcomes in the result, not exceptions. A run folder holding a
     checkpoint is resumed (``config.resume``); one whose run already ended returns that result.
     """
     config.validate()
