@@ -76,6 +76,8 @@ def batch_coupling(model: nn.Module, probe: Tensor, companions_a: Tensor, compan
         out, out_rel = _max_change(ya, yb, k)
         per_block = {n: _max_change(ba[n], bb[n], k) for n in ba}
         worst = max(per_block, key=lambda n: per_block[n][1], default=None)
+        if worst is not None and per_block[worst][1] == 0.0:
+            worst = None  # no block is coupled at all
         records.append({"mode": mode, "output": out, "output_rel": out_rel,
                         "blocks": max((v[0] for v in per_block.values()), default=0.0),
                         "blocks_rel": max((v[1] for v in per_block.values()), default=0.0),
