@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -187,3 +188,21 @@ def test_output_scale_must_match_the_method() -> None:
     model = fixup.models.resnet_cifar.CifarResNet(8, norm="none", init="he")
     with pytest.raises(ValueError, match=r"output_scale 1 but init='sqrt2' needs 0\.707107"):
         fixup.models._common.finish(model, "none", "sqrt2")
+
+
+@pytest.mark.parametrize(("name", "depths"), [("resnet_cifar", (8, 20, 56, 110, 200)),
+                                              ("wide_resnet", (10, 22, 58, 112, 202))])
+def test_sqrt2_keeps_forward_variance_bounded_with_depth_while_plain_he_grows(name: str, depths: tuple) -> None:
+    """Measured on one input batch: the variance of the last stage's output as the network gets deeper."""
+    x = torch.randn(4, 3, 16, 16, generator=_gen(1))
+    var: dict[str, list[float]] = {"he": [], "sqrt2": []}
+    for init in var:
+        for depth in depths:
+            model = fixup.create_model(name, depth=depth, norm="none", init=init, generator=_gen(2))
+            with torch.no_grad():
+                var[init].append(float(model.forward_features(x).var()))
+    he, sqrt2 = var["he"], var["sqrt2"]
+    assert all(b > 10 * a for a, b in itertools.pairwise(he))  # plain He: grows at every step of depth ...
+    assert he[-1] > 1e12 * he[0]  # ... exponentially (about 1.8x per block)
+    assert max(sqrt2) <= 1.5 * sqrt2[0]  # 1/sqrt(2): never grows
+    assert all(math.isfinite(v) and v > 0 for v in sqrt2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -9,16 +11,17 @@ from torch import nn
 import fixup
 from fixup.baselines import METHODS, data_init_
 from fixup.branch import find_branches
+from fixup.nn import residual_add
 
 # (builder, keyword arguments, input size): small members of each architecture family, for the method grid.
 TINY = [
     ("resnet_cifar", {"depth": 8}, 8),
+    ("resnet_cifar", {"depth": 8, "shortcut": "B"}, 8),
+    ("wide_resnet", {"depth": 16, "width": 2, "dropout": 0.3}, 8),
+    ("resnet_imagenet_tiny", {}, 32),
+    ("resnet_imagenet_bottleneck_tiny", {}, 32),
 ]
 COMBOS = [(norm, init) for norm, inits in METHODS.items() if norm != "layernorm" for init in inits]
-
-
-def _zero_of(layer: nn.Module) -> bool:
-    return not layer.weight.any()
 
 
 @pytest.mark.parametrize(("norm", "init"), COMBOS)
@@ -42,31 +45,37 @@ FIXUP_INITS = list(METHODS["fixup"])
 
 @pytest.mark.parametrize("init", FIXUP_INITS)
 @pytest.mark.parametrize(("name", "kwargs", "size"), TINY)
-def test_fixup_forms_are_the_identity_at_init(name, kwargs, size, init) -> None:
-    """Every branch adds exactly zero, so each block returns its shortcut, and the logits are exactly 0."""
+def test_fixup_forms_are_the_identity_at_init(name, kwargs, size, init, monkeypatch) -> None:
+    """Every branch adds exactly zero, so each residual sum returns its shortcut, blocks whose input and
+    output shapes agree return their input, and the logits are exactly 0."""
     model = fixup.create_model(name, init=init, **kwargs).eval()
-    branch_outputs: list[torch.Tensor] = []
-    blocks = {}
-    hooks = []
-    for block_name, branch in find_branches(model):
-        hooks.append(branch.layers[-1].register_forward_hook(lambda m, a, y: branch_outputs.append(y) and None))
-        blocks[block_name] = model.get_submodule(block_name)
+    blocks = {n: model.get_submodule(n) for n, _ in find_branches(model)}
+    sums: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def checked_add(shortcut: torch.Tensor, branch: torch.Tensor, block: str = "") -> torch.Tensor:
+        out = residual_add(shortcut, branch, block)
+        sums.append((block, shortcut.clone(), branch.clone(), out.clone()))  # before any in-place ReLU
+        return out
+
+    for module in {type(b).__module__ for b in blocks.values()}:
+        monkeypatch.setattr(sys.modules[module], "residual_add", checked_add)
     io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def record(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        io[name] = (x, y)
+        io[name] = (x.clone(), y.clone())
 
-    for block_name, block in blocks.items():
-        hooks.append(block.register_forward_hook(lambda m, a, y, n=block_name: record(n, a[0], y)))
+    hooks = [b.register_forward_hook(lambda m, a, y, n=n: record(n, a[0], y)) for n, b in blocks.items()]
     with torch.no_grad():
         logits = model(torch.randn(3, 3, size, size))
     for h in hooks:
         h.remove()
     assert torch.equal(logits, torch.zeros_like(logits))
-    assert len(branch_outputs) == len(blocks) and all(not y.any() for y in branch_outputs)
-    identity_blocks = [n for n, b in blocks.items() if io[n][0].shape == io[n][1].shape]
-    assert identity_blocks
-    for n in identity_blocks:  # same shape in and out: the block is exactly the identity
+    assert sorted(b for b, *_ in sums) == sorted(blocks)  # every block summed once, through residual_add
+    for block, shortcut, branch, out in sums:
+        assert not branch.any() and torch.equal(out, shortcut), block
+    same_shape = [n for n, (x, y) in io.items() if x.shape == y.shape]
+    assert same_shape  # each tiny variant has identity-shortcut blocks
+    for n in same_shape:
         assert torch.equal(io[n][0], io[n][1]), n
 
 

@@ -1,0 +1,207 @@
+"""ImageNet ResNet-18/34/50/101/152 (He et al. 2016; torchvision's layout), in Fixup and baseline forms.
+
+A 7x7 stride-2 stem convolution and 3x3 stride-2 max pooling, four stages of basic (ResNet-18/34) or
+bottleneck (ResNet-50/101/152) blocks with 64, 128, 256 and 512 planes (stride 2 at the first block
+of stages 2-4, on the 3x3 convolution of a bottleneck: "ResNet v1.5"), 1x1 projection shortcuts where
+shape changes, global average pooling and the classifier. With BatchNorm the parameter counts are
+torchvision's exactly (ResNet-50: 25,557,032).
+
+**Fixup form** (section 3 and the authors' reference ImageNet code): every normalisation layer is
+removed; a scalar bias sits before each convolution and each activation, the branch ends in the
+scalar multiplier and a bias, and the projection shortcut takes the branch's biased input::
+
+    bottleneck (m = 3, rule 2's factor L^-1/4):
+    out = relu(conv1(x + b1a) + b1b)
+    out = relu(conv2(out + b2a) + b2b)                 # 3x3, carries the stride
+    out = scale * conv3(out + b3a) + b3b               # conv3 zeroed
+    y   = relu(shortcut(x + b1a) + out)
+
+Basic blocks (m = 2, factor L^-1/2) are :class:`fixup.models.resnet_cifar.BasicBlock` with its 1x1
+projection shortcut ("B"), which is torchvision's BasicBlock. The stem is ``relu(conv1(x) + b)``, the
+head ``fc(pool(x) + b)``. Without normalisation the Fixup ResNet-50 has 25,503,912 weights plus 114
+scalars (16 blocks x 7 + 2): 53,120 fewer parameters than with BatchNorm (its gains and shifts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..branch import Branch
+from ..nn import Bias, Scale, residual_add
+from ._common import finish, make_norm, method_for, name_blocks, scalar
+from ._registry import register_model
+from .resnet_cifar import BasicBlock
+
+__all__ = ["LAYERS", "Bottleneck", "ImageNetResNet"]
+
+_NORMS = ("fixup", "batchnorm", "groupnorm", "none")
+GN_GROUPS = 32  # Wu & He (2018), GroupNorm's default number of groups
+# Blocks per stage and block type, He et al. (2016) table 1.
+LAYERS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+}
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (with the stride), 1x1 expand (x4); ``relu(shortcut(x) + F(x))``.
+
+    ``biases``/``scale`` (default: ``norm == "fixup"``) switch Fixup's scalars for the ablations;
+    ``output_scale`` multiplies ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline).
+    """
+
+    expansion = 4
+
+    def __init__(self, in_ch: int, planes: int, stride: int = 1, norm: str = "fixup", *, biases: bool | None = None,
+                 scale: bool | None = None, output_scale: float = 1.0, norm_groups: int = GN_GROUPS) -> None:
+        super().__init__()
+        biases = norm == "fixup" if biases is None else biases
+        scale = norm == "fixup" if scale is None else scale
+        out_ch = planes * self.expansion
+        self.block_name = "Bottleneck"
+        self.output_scale = float(output_scale)
+        self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
+        self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, biases)
+        self.bias3a, self.bias3b = scalar(Bias, biases), scalar(Bias, biases)
+        self.scale = scalar(Scale, scale)
+        self.conv1 = nn.Conv2d(in_ch, planes, 1, bias=False)
+        self.norm1 = make_norm(norm, planes, norm_groups)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.norm2 = make_norm(norm, planes, norm_groups)
+        self.conv3 = nn.Conv2d(planes, out_ch, 1, bias=False)
+        self.norm3 = make_norm(norm, out_ch, norm_groups)
+        self.relu = nn.ReLU(inplace=True)
+        self.projection: nn.Conv2d | None = None
+        self.shortcut: nn.Module = nn.Identity()
+        if (stride, in_ch) != (1, out_ch):
+            self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False)
+            self.shortcut = nn.Sequential(self.projection, make_norm(norm, out_ch, norm_groups))
+
+    def residual_branches(self) -> Sequence[Branch]:
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a, self.bias3b)
+                  if isinstance(m, Bias)]
+        scale = self.scale if isinstance(self.scale, Scale) else None
+        return [Branch([self.conv1, self.conv2, self.conv3], "bottleneck", biases=biases, scale=scale,
+                       shortcut=self.projection)]
+
+    def last_norm(self) -> nn.Module:
+        """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
+        return self.norm3
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.bias1a(x)
+        out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
+        out = self.relu(self.bias2b(self.norm2(self.conv2(self.bias2a(out)))))
+        out = self.bias3b(self.scale(self.norm3(self.conv3(self.bias3a(out)))))
+        out = residual_add(self.shortcut(x), out, self.block_name)
+        if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
+            out = out * self.output_scale
+        return self.relu(out)
+
+
+class ImageNetResNet(nn.Module):
+    """ResNet with ``block`` ("basic" or "bottleneck") and ``layers`` blocks per stage; ``width`` planes first."""
+
+    def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3), num_classes: int = 1000,
+                 in_channels: int = 3, width: int = 64, norm: str = "fixup", init: str | None = None,
+                 norm_groups: int = GN_GROUPS) -> None:
+        super().__init__()
+        if block not in ("basic", "bottleneck"):
+            raise ValueError(f"block must be 'basic' (ResNet-18/34) or 'bottleneck' (ResNet-50/101/152), got {block!r}")
+        if len(layers) != 4 or any(not isinstance(n, int) or n < 1 for n in layers):
+            raise ValueError(f"layers must be four positive block counts, one per stage, got {layers!r}")
+        method = method_for(norm, init, _NORMS)
+        self.block, self.layers, self.norm = block, tuple(layers), norm
+        kw = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale,
+              "norm_groups": norm_groups}
+        expansion = Bottleneck.expansion if block == "bottleneck" else 1
+        self.conv1 = nn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
+        self.norm1 = make_norm(norm, width, norm_groups)
+        self.bias1 = scalar(Bias, method.biases)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages, in_ch = [], width
+        for i, n in enumerate(layers):
+            planes, stride = width * 2**i, 1 if i == 0 else 2
+            blocks: list[nn.Module] = []
+            for j in range(n):
+                s = stride if j == 0 else 1
+                if block == "bottleneck":
+                    blocks.append(Bottleneck(in_ch, planes, s, norm, **kw))
+                else:
+                    blocks.append(BasicBlock(in_ch, planes, s, norm, "B", **kw))
+                in_ch = planes * expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.bias2 = scalar(Bias, method.biases)
+        self.fc = nn.Linear(in_ch, num_classes)
+        name_blocks(self)
+
+    def classifier_layers(self) -> Sequence[nn.Module]:
+        return [self.fc]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x = self.maxpool(self.relu(self.bias1(self.norm1(self.conv1(x)))))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.bias2(torch.flatten(self.pool(self.forward_features(x)), 1)))
+
+
+def _build(block: str, layers: Sequence[int], norm: str = "fixup", init: str | None = None,
+           generator: torch.Generator | None = None, zero_init_last_norm: bool = False,
+           **kwargs) -> ImageNetResNet:
+    model = ImageNetResNet(block, layers, norm=norm, init=init, **kwargs)
+    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
+
+
+@register_model
+def resnet_imagenet(depth: int = 50, **kwargs) -> ImageNetResNet:
+    """ImageNet ResNet of depth 18, 34, 50, 101 or 152 (``width`` sets the first stage's planes, 64)."""
+    if depth not in LAYERS:
+        raise ValueError(f"ImageNet ResNet depth must be one of {sorted(LAYERS)}, got {depth!r}")
+    return _build(*LAYERS[depth], **kwargs)
+
+
+@register_model
+def resnet18(**kwargs) -> ImageNetResNet:
+    return _build(*LAYERS[18], **kwargs)
+
+
+@register_model
+def resnet34(**kwargs) -> ImageNetResNet:
+    return _build(*LAYERS[34], **kwargs)
+
+
+@register_model
+def resnet50(**kwargs) -> ImageNetResNet:
+    return _build(*LAYERS[50], **kwargs)
+
+
+@register_model
+def resnet101(**kwargs) -> ImageNetResNet:
+    return _build(*LAYERS[101], **kwargs)
+
+
+@register_model
+def resnet152(**kwargs) -> ImageNetResNet:
+    return _build(*LAYERS[152], **kwargs)
+
+
+@register_model
+def resnet_imagenet_tiny(**kwargs) -> ImageNetResNet:
+    """Basic blocks (1, 2, 1, 1) per stage, 8 planes first: for tests (32x32 inputs work)."""
+    return _build("basic", (1, 2, 1, 1), **{"width": 8, **kwargs})
+
+
+@register_model
+def resnet_imagenet_bottleneck_tiny(**kwargs) -> ImageNetResNet:
+    """Bottleneck blocks (1, 2, 1, 1) per stage, 8 planes first: for tests (32x32 inputs work)."""
+    return _build("bottleneck", (1, 2, 1, 1), **{"width": 8, **kwargs})

@@ -1,0 +1,168 @@
+"""Wide-ResNets WRN-d-k (Zagoruyko & Komodakis 2016), in Fixup and baseline forms.
+
+Depth d = 6n + 4: a 3x3 stem convolution, three stages of n pre-activation basic blocks with 16k, 32k
+and 64k channels (the first block of stages 2 and 3 has stride 2), a final normalisation and ReLU,
+global average pooling and the classifier. Dropout, when asked for, sits between the two
+convolutions of each branch. Where width or stride change the shortcut is a 1x1 projection of the
+pre-activated input, as in the original.
+
+The Fixup paper uses WRNs twice: width 1 and depths 10 to 10,000 in its depth study (section 4.1,
+figure 3) and WRN-28-10 / WRN-40-10 with Mixup and Cutout (appendix C).
+
+**Fixup form.** The Fixup form is the pre-activation block with each normalisation layer replaced
+by a scalar bias where its shift was, plus rule 3's bias before the second convolution and the
+scalar multiplier and bias at the end of the branch (the structure of the Fixup authors' WRN)::
+
+    a   = relu(x + b1a)                          # BN1 -> bias
+    h   = relu(conv1(a) + b1b)                   # BN2 -> bias
+    out = scale * conv2(dropout(h + b2a)) + b2b
+    y   = shortcut + out,  shortcut = x, or projection(a) where width/stride change
+
+The branch has m = 2 weight layers (conv1 scaled by L^-1/2, conv2 zeroed); the projection is
+He-initialised and not depth-scaled. The identity path carries x untouched, so each block with an
+identity shortcut is exactly the identity at initialisation. The head is ``fc(pool(relu(x + b)) + b')``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..branch import Branch
+from ..nn import Bias, Scale, residual_add
+from ._common import finish, make_norm, method_for, name_blocks, scalar
+from ._registry import register_model
+
+__all__ = ["WideBlock", "WideResNet", "check_wrn_depth"]
+
+_NORMS = ("fixup", "batchnorm", "groupnorm", "none")
+
+
+class WideBlock(nn.Module):
+    """A pre-activation basic block: ``y = shortcut + conv2(dropout(relu(norm2(conv1(relu(norm1(x)))))))``.
+
+    ``biases``/``scale`` (default: ``norm == "fixup"``) switch Fixup's scalars for the ablations;
+    ``output_scale`` multiplies ``shortcut + F(x)`` (the 1/sqrt(2) baseline).
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", dropout: float = 0.0, *,
+                 biases: bool | None = None, scale: bool | None = None, output_scale: float = 1.0,
+                 norm_groups: int = 16) -> None:
+        super().__init__()
+        biases = norm == "fixup" if biases is None else biases
+        scale = norm == "fixup" if scale is None else scale
+        self.block_name = "WideBlock"
+        self.output_scale = float(output_scale)
+        self.norm1 = make_norm(norm, in_ch, norm_groups)
+        self.bias1a = scalar(Bias, biases)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
+        self.norm2 = make_norm(norm, out_ch, norm_groups)
+        self.bias1b = scalar(Bias, biases)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.bias2a = scalar(Bias, biases)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
+        self.scale = scalar(Scale, scale)
+        self.bias2b = scalar(Bias, biases)
+        self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
+        self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False) if (stride, in_ch) != (1, out_ch) else None
+
+    def residual_branches(self) -> Sequence[Branch]:
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b) if isinstance(m, Bias)]
+        scale = self.scale if isinstance(self.scale, Scale) else None
+        return [Branch([self.conv1, self.conv2], "wide-basic", biases=biases, scale=scale, shortcut=self.projection)]
+
+    def last_norm(self) -> nn.Module:
+        """The last normalisation layer on the branch (zeroing its gain zeroes the branch)."""
+        return self.norm2
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.relu(self.bias1a(self.norm1(x)))
+        out = self.relu(self.bias1b(self.norm2(self.conv1(a))))
+        out = self.bias2b(self.scale(self.conv2(self.dropout(self.bias2a(out)))))
+        shortcut = x if self.projection is None else self.projection(a)
+        out = residual_add(shortcut, out, self.block_name)
+        if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
+            out = out * self.output_scale
+        return out
+
+
+def check_wrn_depth(depth: int) -> int:
+    """Blocks per stage n for a Wide-ResNet of ``depth`` = 6n + 4 layers."""
+    if not isinstance(depth, int) or depth < 10 or (depth - 4) % 6:
+        near = ""
+        if isinstance(depth, int) and depth >= 4:
+            low = max(10, (depth - 4) // 6 * 6 + 4)
+            near = f"; the nearest valid depths are {low} and {low + 6}"
+        raise ValueError(f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 22, 28, 40, ..., 10000), "
+                         f"got {depth!r}{near}")
+    return (depth - 4) // 6
+
+
+class WideResNet(nn.Module):
+    """WRN-depth-width for 32x32 images (any size works: the head pools globally)."""
+
+    def __init__(self, depth: int = 16, width: int = 1, num_classes: int = 10, in_channels: int = 3,
+                 dropout: float = 0.0, norm: str = "fixup", init: str | None = None, norm_groups: int = 16) -> None:
+        super().__init__()
+        n = check_wrn_depth(depth)
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"width (the widening factor k) must be a positive whole number, got {width!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        method = method_for(norm, init, _NORMS)
+        self.depth, self.width, self.norm = depth, width, norm
+        block_kwargs = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale,
+                        "norm_groups": norm_groups}
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        stages, in_ch = [], 16
+        for i, out_ch in enumerate((16 * width, 32 * width, 64 * width)):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(*[
+                WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, norm, dropout, **block_kwargs)
+                for j in range(n)]))
+            in_ch = out_ch
+        self.layer1, self.layer2, self.layer3 = stages
+        self.norm_final = make_norm(norm, in_ch, norm_groups)
+        self.bias_final = scalar(Bias, method.biases)
+        self.relu = nn.ReLU()  # not in place: the last block's output stays as it returned it
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.bias_fc = scalar(Bias, method.biases)
+        self.fc = nn.Linear(in_ch, num_classes)
+        name_blocks(self)
+
+    def classifier_layers(self) -> Sequence[nn.Module]:
+        return [self.fc]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The last stage's output, before the final normalisation and activation: (B, 64k, H/4, W/4)."""
+        return self.layer3(self.layer2(self.layer1(self.conv1(x))))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.relu(self.bias_final(self.norm_final(self.forward_features(x))))
+        return self.fc(self.bias_fc(torch.flatten(self.pool(x), 1)))
+
+
+def _build(depth: int, width: int, norm: str = "fixup", init: str | None = None,
+           generator: torch.Generator | None = None, zero_init_last_norm: bool = False, **kwargs) -> WideResNet:
+    model = WideResNet(depth, width, norm=norm, init=init, **kwargs)
+    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
+
+
+@register_model
+def wide_resnet(depth: int = 16, width: int = 1, **kwargs) -> WideResNet:
+    """WRN-depth-width, any depth 6n+4; width 1 is the paper's depth-study network (section 4.1)."""
+    return _build(depth, width, **kwargs)
+
+
+@register_model
+def wrn28_10(**kwargs) -> WideResNet:
+    """WRN-28-10 (36.5 M parameters with BatchNorm), of the paper's Mixup/Cutout experiments (appendix C)."""
+    return _build(28, 10, **kwargs)
+
+
+@register_model
+def wrn40_10(**kwargs) -> WideResNet:
+    """WRN-40-10, of the paper's Mixup/Cutout experiments (appendix C)."""
+    return _build(40, 10, **kwargs)
