@@ -12,6 +12,7 @@ import fixup
 from fixup.baselines import METHODS, data_init_
 from fixup.branch import find_branches
 from fixup.nn import residual_add
+from fixup.ops import set_lean
 
 # (builder, keyword arguments, input size): small members of each architecture family, for the method grid.
 TINY = [
@@ -57,26 +58,30 @@ def test_fixup_forms_are_the_identity_at_init(name, kwargs, size, init, monkeypa
         sums.append((block, shortcut.clone(), branch.clone(), out.clone()))  # before any in-place ReLU
         return out
 
-    for module in {type(b).__module__ for b in blocks.values()}:
-        monkeypatch.setattr(sys.modules[module], "residual_add", checked_add)
     io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def record(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
         io[name] = (x.clone(), y.clone())
 
+    x = torch.randn(3, 3, size, size)
     hooks = [b.register_forward_hook(lambda m, a, y, n=n: record(n, a[0], y)) for n, b in blocks.items()]
     with torch.no_grad():
-        logits = model(torch.randn(3, 3, size, size))
+        logits = model(x)  # the default forward (the lean path where a block has one)
     for h in hooks:
         h.remove()
     assert torch.equal(logits, torch.zeros_like(logits))
-    assert sorted(b for b, *_ in sums) == sorted(blocks)  # every block summed once, through residual_add
-    for block, shortcut, branch, out in sums:
-        assert not branch.any() and torch.equal(out, shortcut), block
-    same_shape = [n for n, (x, y) in io.items() if x.shape == y.shape]
+    same_shape = [n for n, (a, y) in io.items() if a.shape == y.shape]
     assert same_shape  # each tiny variant has identity-shortcut blocks
     for n in same_shape:
         assert torch.equal(io[n][0], io[n][1]), n
+    # The straightforward forward, through fixup.nn.residual_add: every sum returns its shortcut exactly.
+    for module in {type(b).__module__ for b in blocks.values()}:
+        monkeypatch.setattr(sys.modules[module], "residual_add", checked_add)
+    with torch.no_grad():
+        assert torch.equal(set_lean(model, False)(x), logits)
+    assert sorted(b for b, *_ in sums) == sorted(blocks)  # every block summed once
+    for block, shortcut, branch, out in sums:
+        assert not branch.any() and torch.equal(out, shortcut), block
 
 
 @pytest.mark.parametrize(("name", "params"), [("resnet20", 0.27e6), ("resnet56", 0.85e6), ("resnet110", 1.7e6)])

@@ -141,3 +141,15 @@ def test_ten_thousand_layer_wide_resnet_builds_and_runs() -> None:
     with torch.no_grad():
         out = model(torch.randn(2, 3, 8, 8))
     assert torch.equal(out, torch.zeros(2, 10))
+
+
+def test_residual_shape_mismatch_names_the_block_in_every_family() -> None:
+    wrn = fixup.create_model("wide_resnet", depth=10, width=1)
+    wrn.layer2[0].projection = nn.Conv2d(16, 32, 1, bias=False)  # forgets the stride
+    with pytest.raises(ValueError, match=r"layer2\.0: residual branch output has shape \(1, 32, 4, 4\) but the "
+                                         r"shortcut has shape \(1, 32, 8, 8\)"):
+        wrn(torch.randn(1, 3, 8, 8))
+    net = fixup.create_model("resnet_imagenet_bottleneck_tiny")
+    net.layer3[0].shortcut = nn.Identity()
+    with pytest.raises(ValueError, match=r"layer3\.0: residual branch output has shape \(1, 128, 2, 2\)"):
+        net(torch.randn(1, 3, 32, 32))
