@@ -164,7 +164,7 @@ class _Run:
         return True
 
     def _restore(self, path: Path) -> None:
-        state = load_checkpoint(path, map_location=self.runtime.device)
+        state = load_checkpoint(path, map_location="cpu")  # RNG states must stay CPU tensors
         check_compatible(state["config"], self.config.to_dict(), path)
         try:
             self.model.load_state_dict(state["model"])
