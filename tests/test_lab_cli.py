@@ -38,8 +38,10 @@ def test_lab_scalar(capsys, tmp_path):
 
 def test_lab_update(capsys, tmp_path):
     out, data = _run(capsys, tmp_path, "update", "--depths", "8,14", "--methods", "fixup,batchnorm",
-                     "--steps", "1,2", "--batch", "4")
+                     "--steps", "1,2", "--batch", "4", "--blocks")
     assert "slope" in out and set(data["fits"]) == {"fixup", "batchnorm"}
+    fixup_step1 = [r for r in data["records"] if r["method"] == "fixup" and r["step"] == 1]
+    assert all(r["block_df_rel_max"] == 0 and r["block_df_rel_argmax"] is None for r in fixup_step1)
 
 
 def test_lab_probe(capsys, tmp_path):

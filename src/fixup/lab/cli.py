@@ -96,11 +96,14 @@ def _update(args: argparse.Namespace) -> int:
 
     result = update_sweep(args.model, args.depths, methods=args.methods, lr=args.lr, steps=args.steps,
                           batch=args.batch, size=args.size, num_classes=args.num_classes,
-                          scalar_lr_factor=args.scalar_lr, seed=args.seed)
+                          scalar_lr_factor=args.scalar_lr, seed=args.seed, per_block=args.blocks)
     c = result["config"]
     print(f"{c['model']}: Δf of SGD steps {c['steps']} at lr {c['lr']} (scalars x{c['scalar_lr_factor']}), "
           f"batch {c['batch']} of {c['size']}x{c['size']} Gaussian images")
-    print(table(result["records"], ["method", "depth", "L", "step", "loss", "df", "df_max", "df_rel"]))
+    columns = ["method", "depth", "L", "step", "loss", "df", "df_max", "df_rel"]
+    if args.blocks:
+        columns += ["block_df_rel_max", "block_df_rel_argmax"]
+    print(table(result["records"], columns))
     fits = [{"method": m, "quantity": q, **f} for m, by in result["fits"].items() for q, f in by.items()]
     print("\nlog-log fit against L (df@k: Δf of step k; df_max@k: largest Δf of steps 1..k; diverged points "
           "are excluded and counted)")
@@ -114,7 +117,14 @@ def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
     kwargs: dict[str, Any] = {"num_classes": args.num_classes, "data": data}
     if args.depth is not None:
         kwargs["depth"] = args.depth
-    return build_model(args.model, method, seed=args.seed, **kwargs)
+    try:
+        return build_model(args.model, method, seed=args.seed, **kwargs)
+    except (ValueError, TypeError) as err:
+        if "unknown method" in str(err) or "unknown model" in str(err):
+            raise
+        raise ValueError(f"{err}. `fixup lab {args.lab_command}` feeds Gaussian images (batch, 3, size, size) to "
+                         f"image classifiers; for {args.model!r} call fixup.lab.layer_stats / batch_coupling / "
+                         "symmetry_probe / residual_shapes with a batch of its own inputs") from err
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -216,6 +226,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--size", type=int, default=8)
     p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--blocks", action="store_true", help="also measure every residual block's change")
     _common(p)
     p.set_defaults(func=_update)
 

@@ -51,7 +51,8 @@ def functional_update(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1
     Returns one flat record per measured step: ``df`` (output change), ``df_max`` (the largest ``df`` of
     this and every earlier step: a network that blew up and then died still shows its blow-up),
     ``df_rel`` (``df`` over the output's size before the step), ``loss`` before the step, and, with
-    ``per_block``, ``blocks``: one record per residual block (``name``, ``df``, ``df_rel``). The model
+    ``per_block``, ``blocks``: one record per residual block (``name``, ``df``, ``df_rel``) and the block
+    that moved most relative to its size (``block_df_rel_max``, ``block_df_rel_argmax``). The model
     itself is left untouched; the copy is in train mode. A diverged step shows as ``inf``/``nan``, never clipped.
     """
     wanted = sorted({int(s) for s in steps})
@@ -103,6 +104,10 @@ def functional_update(model: nn.Module, x: Tensor, y: Tensor, *, lr: float = 0.1
                     rec["blocks"] = [{"name": n, "df": rms_change(captured[n], before[n]),
                                       "df_rel": rms_change(captured[n], before[n]) / max(_rms_norm(before[n]), 1e-300)}
                                      for n, _ in blocks if n in captured and n in before]
+                    worst = max(rec["blocks"], key=lambda b: b["df_rel"] if math.isfinite(b["df_rel"]) else math.inf,
+                                default=None)
+                    rec["block_df_rel_max"] = worst["df_rel"] if worst else None
+                    rec["block_df_rel_argmax"] = worst["name"] if worst and worst["df_rel"] != 0 else None
                 records.append(rec)
     finally:
         capture[0] = False
@@ -162,12 +167,13 @@ def depth_sweep(factory: Callable[[int], nn.Module], depths: Sequence[int], x: T
 def update_sweep(model: str = "resnet_cifar", depths: Sequence[int] = (20, 56, 110), *,
                  methods: Sequence[str] = ("fixup", "fixup_no_depth_scale", "none"), lr: float = 0.1,
                  steps: Sequence[int] = (1, 10), batch: int = 8, size: int = 8, num_classes: int = 10,
-                 scalar_lr_factor: float = 1.0, seed: int = 0) -> dict[str, Any]:
+                 scalar_lr_factor: float = 1.0, seed: int = 0, per_block: bool = False) -> dict[str, Any]:
     """Measured Δf against depth for a registered model under several initialisation methods.
 
     Every method and depth sees the same fixed Gaussian batch (``batch`` images of ``size`` x ``size``).
     ``scalar_lr_factor`` multiplies the learning rate of Fixup's scalar biases and multipliers (0 holds
-    them fixed, as the analysis of section 3 does, which has no biases). Returns ``config``, the flat
+    them fixed, as the analysis of section 3 does, which has no biases); ``per_block`` adds each residual
+    block's change (see :func:`functional_update`). Returns ``config``, the flat
     ``records`` (with ``method``) and ``fits[method]["df@k" or "df_max@k"]`` (log-log slopes against L).
     """
     from .methods import model_factory, sample_batch
@@ -177,10 +183,10 @@ def update_sweep(model: str = "resnet_cifar", depths: Sequence[int] = (20, 56, 1
     fits: dict[str, dict[str, dict[str, Any]]] = {}
     for method in methods:
         sweep = depth_sweep(model_factory(model, method, seed=seed, num_classes=num_classes, data=x), depths, x, y,
-                            lr=lr, steps=steps, scalar_lr_factor=scalar_lr_factor)
+                            lr=lr, steps=steps, scalar_lr_factor=scalar_lr_factor, per_block=per_block)
         records += [{"method": method, **r} for r in sweep["records"]]
         fits[method] = sweep["fits"]
     config = {"model": model, "depths": list(depths), "methods": list(methods), "lr": lr, "steps": list(steps),
               "batch": batch, "size": size, "num_classes": num_classes, "scalar_lr_factor": scalar_lr_factor,
-              "seed": seed}
+              "seed": seed, "per_block": per_block}
     return {"config": config, "records": records, "fits": fits}
