@@ -7,6 +7,7 @@
 9
 """
 
+from .adapt import AdaptError, AdaptReport, adapt
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .init import branch_scale, fixup_init_
 from .models import create_model, list_models, register_model
@@ -16,6 +17,8 @@ from .report import FixupReport
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptError",
+    "AdaptReport",
     "Bias",
     "Branch",
     "FixupClassifier",
@@ -23,6 +26,7 @@ __all__ = [
     "ResidualBlock",
     "Scale",
     "WeightSlice",
+    "adapt",
     "branch_scale",
     "create_model",
     "fixup_init_",

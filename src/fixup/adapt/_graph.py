@@ -1,0 +1,301 @@
+"""Finding residual branches in a traced graph: which adds are residual sums, and what each branch holds.
+
+A residual sum is an add whose two operands are paths from a common ancestor, the *fork* (the latest
+node both depend on). The side that passes through weight layers is the branch F; the other side is
+the shortcut: the fork itself (identity), a parameter-free path (subsampling, padding, pooling) or
+exactly one weight layer (a projection). When both sides pass through weight layers, the side with
+one weight layer is the projection and the other the branch; anything else cannot be attributed.
+
+Inside the branch, the *data path* is every node the branch's output depends on, except the gate
+input of a product with a sigmoid (squeeze-excite): the weight layers on the data path, in execution
+order, are the branch's layers and m is their number (an ``nn.MultiheadAttention`` counts four:
+Q, K, V and the output projection); weight layers that only feed a gate are reported as gate layers,
+He-initialised and not depth-scaled. After the last weight layer only pass-through operations
+(normalisation, dropout, reshapes, a gate) may follow, so that zeroing it zeroes the branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import fx, nn
+
+from ..branch import WEIGHT_LAYERS
+from ..nn import Bias
+from . import _trace as T
+
+__all__ = ["Analysis", "Problem", "Residual", "analyse"]
+
+
+@dataclass
+class Problem:
+    """Something the analysis cannot account for: the node and why."""
+
+    node: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"node {self.node!r}: {self.reason}"
+
+
+@dataclass
+class Residual:
+    """One residual sum ``add = shortcut + F`` found in the graph."""
+
+    add: fx.Node
+    block: str                       # module path in whose forward the sum is computed ("" for the root)
+    fork: fx.Node
+    branch_out: fx.Node              # the add's operand that is F
+    layers: list[fx.Node]            # weight units on F's data path, execution order
+    data: set[fx.Node]               # F's data path
+    gates: list[fx.Node] = field(default_factory=list)
+    projection: fx.Node | None = None
+    shortcut_kind: str = "identity"  # "identity", "parameter-free" or "projection"
+
+
+@dataclass
+class Analysis:
+    residuals: list[Residual]
+    classifier: list[fx.Node]
+    problems: list[Problem]
+    notes: list[str]
+
+
+class _Ancestry:
+    """Ancestor sets as bit masks over the graph's nodes in execution order (metadata reads cut)."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.nodes = list(graph.nodes)
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.mask: dict[fx.Node, int] = {}
+        for i, n in enumerate(self.nodes):
+            m = 1 << i
+            for p in T.data_inputs(n):
+                m |= self.mask[p]
+            self.mask[n] = m
+
+    def has(self, node: fx.Node, ancestor: fx.Node) -> bool:
+        """``ancestor`` is ``node`` or one of its ancestors."""
+        return bool(self.mask[node] >> self.index[ancestor] & 1)
+
+    def between(self, fork: fx.Node, end: fx.Node) -> set[fx.Node]:
+        """Nodes after ``fork`` that depend on it and that ``end`` depends on (``end`` included, ``fork`` not)."""
+        lo, hi = self.index[fork], self.index[end]
+        return {n for n in self.nodes[lo + 1:hi + 1] if self.has(end, n) and self.has(n, fork)}
+
+
+def _scope(node: fx.Node) -> str:
+    """The innermost module whose forward created ``node`` ("" for the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()))[0] if stack else ""
+
+
+def _units(nodes: set[fx.Node], modules: dict[str, nn.Module]) -> list[fx.Node]:
+    return [n for n in nodes if T.is_weight_unit(n, modules)]
+
+
+class _Analyser:
+    def __init__(self, graph: fx.Graph, modules: dict[str, nn.Module]) -> None:
+        self.graph, self.modules = graph, modules
+        self.anc = _Ancestry(graph)
+        self.problems: list[Problem] = []
+        self.notes: list[str] = []
+        self.by_scope: dict[str, list[fx.Node]] = {}  # module path -> nodes created inside its forward
+        for n in self.anc.nodes:
+            for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+                self.by_scope.setdefault(path, []).append(n)
+
+    def _side_inputs(self, block: str, fork: fx.Node, out: fx.Node) -> set[fx.Node]:
+        """Nodes computed inside the block from inputs other than the fork (keys and values of
+        cross-attention computed from an encoder's memory), which ``out`` depends on."""
+        if not block:
+            return set()
+        hi = self.anc.index[out]
+        return {n for n in self.by_scope.get(block, ()) if self.anc.index[n] <= hi
+                and n.op in ("call_module", "call_function", "call_method") and self.anc.has(out, n)
+                and not self.anc.has(fork, n) and not self.anc.has(n, fork)}
+
+    def _gate_operand(self, node: fx.Node) -> bool:
+        """``node`` is, up to reshapes, the output of a sigmoid gate."""
+        while not T.is_gate(node, self.modules):
+            if not T.is_passthrough(node, self.modules) or not node.all_input_nodes or \
+                    T.module_of(node, self.modules) is not None:
+                return False
+            node = node.all_input_nodes[0]
+        return True
+
+    def _data_path(self, out: fx.Node, allowed: set[fx.Node]) -> set[fx.Node]:
+        seen, stack = set(), [out]
+        while stack:
+            n = stack.pop()
+            if n in seen or n not in allowed:
+                continue
+            seen.add(n)
+            inputs = T.data_inputs(n)
+            if n.target in ("mul", "mul_") or getattr(n.target, "__name__", "") == "mul":
+                gates = [p for p in inputs if self._gate_operand(p)]
+                if gates and len(gates) < len(inputs):
+                    inputs = [p for p in inputs if p not in gates]
+            stack.extend(inputs)
+        return seen
+
+    def residual(self, add: fx.Node) -> Residual | None:
+        a, b = add.args[0], add.args[1]
+        common = self.anc.mask[a] & self.anc.mask[b]
+        if not common:
+            return None  # two independent inputs (e.g. token + position embeddings): not a residual sum
+        fork = self.anc.nodes[common.bit_length() - 1]
+        sides = {a: self.anc.between(fork, a) if a is not fork else set(),
+                 b: self.anc.between(fork, b) if b is not fork else set()}
+        counts = {s: len(_units(nodes, self.modules)) for s, nodes in sides.items()}
+        if add.target is T.residual_add:
+            shortcut, out = a, b  # residual_add(shortcut, branch, name)
+        elif counts[a] == counts[b] == 0:
+            return None  # no weight layer on either side: nothing for Fixup to count
+        elif counts[b] == 0 or (counts[b] == 1 and counts[a] > 1):
+            shortcut, out = b, a
+        elif counts[a] == 0 or (counts[a] == 1 and counts[b] > 1):
+            shortcut, out = a, b
+        else:
+            self.problems.append(Problem(add.name, (
+                f"both operands of this add pass through weight layers ({counts[a]} and {counts[b]}) from their "
+                f"common input {fork.name!r}, so neither is an identity or one-layer projection shortcut; "
+                "the residual branch cannot be told apart")))
+            return None
+        block = _scope(add)
+        allowed = sides[out] | self._side_inputs(block, fork, out)
+        data = self._data_path(out, allowed)
+        layers = sorted(_units(data, self.modules), key=self.anc.index.__getitem__)
+        gates = sorted(set(_units(allowed, self.modules)) - set(layers), key=self.anc.index.__getitem__)
+        if not layers:
+            self.problems.append(Problem(add.name, (
+                f"the branch operand {out.name!r} passes through no weight layer from the fork {fork.name!r}; "
+                "its shortcut operand does, so the add is not a residual sum Fixup can count")))
+            return None
+        res = Residual(add, block, fork, out, layers, data, gates)
+        sc_units = _units(sides[shortcut], self.modules)
+        if len(sc_units) == 1 and isinstance(T.module_of(sc_units[0], self.modules), WEIGHT_LAYERS):
+            res.projection, res.shortcut_kind = sc_units[0], "projection"
+        elif sc_units:
+            self.problems.append(Problem(add.name, (
+                f"the shortcut operand {shortcut.name!r} passes through {len(sc_units)} weight units "
+                f"({', '.join(n.name for n in sc_units)}); a shortcut may hold at most one projection layer")))
+            return None
+        elif shortcut is not fork and not all(T.is_passthrough(n, self.modules) for n in sides[shortcut]):
+            res.shortcut_kind = "parameter-free"
+        return res if self._check_tail(res) else None
+
+    def _check_tail(self, res: Residual) -> bool:
+        """Only pass-through operations may follow the last weight layer, so zeroing it zeroes F."""
+        last = res.layers[-1]
+        if T.module_of(last, self.modules) is None:
+            return False
+        for n in sorted(res.data, key=self.anc.index.__getitem__):
+            if self.anc.index[n] <= self.anc.index[last]:
+                continue
+            ok = self.anc.has(n, last) and (T.is_passthrough(n, self.modules) or self._is_gate_mul(n))
+            ok = ok and all(self.anc.has(p, last) for p in T.data_inputs(n) if p in res.data)
+            if not ok:
+                self.problems.append(Problem(res.add.name, (
+                    f"the branch ends in {n.name!r} ({_describe(n, self.modules)}) after its last weight layer "
+                    f"{last.name!r}; zeroing that layer would not make the branch zero. Fixup needs the branch's "
+                    "last operation to be a weight layer (normalisation, dropout and reshapes may follow)")))
+                return False
+        return True
+
+    def _is_gate_mul(self, node: fx.Node) -> bool:
+        inputs = T.data_inputs(node)
+        return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
+            any(self._gate_operand(p) for p in inputs)
+
+    def classifier(self, residuals: list[Residual], output: fx.Node) -> list[fx.Node]:
+        """The last weight layers feeding the output, outside every branch and after every residual sum."""
+        taken = {n for r in residuals for n in (*r.layers, *r.gates, *([r.projection] if r.projection else []))}
+        adds = [r.add for r in residuals]
+        cands = [n for n in self.anc.nodes
+                 if isinstance(T.module_of(n, self.modules), WEIGHT_LAYERS) and n not in taken
+                 and self.anc.has(output, n) and not any(self.anc.has(a, n) for a in adds)]
+        return [c for c in cands if not any(d is not c and self.anc.has(d, c) for d in cands)]
+
+
+def _describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    mod = T.module_of(node, modules)
+    return type(mod).__name__ if mod is not None else f"{node.op} {T._name(node)}"
+
+
+def analyse(graph: fx.Graph, modules: dict[str, nn.Module]) -> Analysis:
+    """Find every residual sum of ``graph``, its branch and shortcut, and the classifier."""
+    an = _Analyser(graph, modules)
+    found = [r for n in graph.nodes if T.is_add(n) and (r := an.residual(n)) is not None]
+    # A weight layer may belong to one branch only, and must be called once (not shared).
+    owner: dict[fx.Node, Residual] = {}
+    bad: set[int] = set()
+    for i, r in enumerate(found):
+        for n in r.layers:
+            if n in owner:
+                other = owner[n]
+                an.problems.append(Problem(r.add.name, (
+                    f"weight layer {n.target!r} lies in two residual branches (the sums {other.add.name!r} and "
+                    f"{r.add.name!r}: a residual sum nested inside another's branch); its layers cannot be "
+                    "counted for both")))
+                bad.update({i, found.index(other)})
+            owner[n] = r
+    calls: dict[str, list[fx.Node]] = {}
+    for n in graph.nodes:
+        if T.is_weight_unit(n, modules):
+            calls.setdefault(str(n.target), []).append(n)
+    for target, nodes in calls.items():
+        if len(nodes) > 1 and any(n in owner for n in nodes):
+            an.problems.append(Problem(nodes[0].name, (
+                f"weight layer {target!r} is called {len(nodes)} times ({', '.join(n.name for n in nodes)}); "
+                "a layer shared between branches (or used inside and outside one) cannot be counted")))
+            bad.update(i for i, r in enumerate(found) if any(n in r.layers for n in nodes))
+    for i, r in enumerate(found):
+        if not _check_branch_ops(an, graph, modules, r):
+            bad.add(i)
+    residuals = [r for i, r in enumerate(found) if i not in bad]
+    output = next(n for n in graph.nodes if n.op == "output")
+    classifier = an.classifier(residuals, output)
+    return Analysis(residuals, classifier, an.problems, an.notes)
+
+
+def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Module], r: Residual) -> bool:
+    """Every weight on the branch's data path must be in a layer that can be counted."""
+    ok = True
+    for n in sorted(r.data, key=an.anc.index.__getitem__):
+        if T.functional_norm(n):
+            an.problems.append(Problem(n.name, "a normalisation called as a function on a residual branch "
+                                       "cannot be replaced; use the module form (nn.LayerNorm, ...)"))
+            ok = False
+        mod = T.module_of(n, modules)
+        if mod is not None and not T.is_weight_unit(n, modules) and not T.is_norm(n, modules) and \
+                any(p.dim() >= 2 for p in mod.parameters()):
+            an.problems.append(Problem(n.name, (
+                f"{type(mod).__name__} on the branch of {r.add.name!r} holds a weight matrix but is not a "
+                "weight layer fixup_init_ can count (nn.Linear, nn.Conv1d/2d/3d, nn.MultiheadAttention)")))
+            ok = False
+        for p in n.all_input_nodes:
+            if p.op != "get_attr" or p in r.data:
+                continue
+            value = an_attr(graph, str(p.target))
+            if isinstance(value, nn.Parameter) and value.dim() >= 2:
+                an.problems.append(Problem(n.name, (
+                    f"parameter {p.target!r} is used as a weight directly on the branch of {r.add.name!r}, "
+                    "not through a weight layer module, so it cannot be counted in m")))
+                ok = False
+            elif isinstance(value, nn.Parameter):
+                an.notes.append(f"parameter {p.target!r} on the branch of {r.add.name!r} is not a weight "
+                                "layer; it is left as it is")
+    return ok
+
+
+def an_attr(graph: fx.Graph, target: str) -> object:
+    """The value of a ``get_attr`` target on the graph's owning module (``None`` if unknown)."""
+    obj: object = graph.owning_module
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def is_bias_node(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    return isinstance(T.module_of(node, modules), Bias)
