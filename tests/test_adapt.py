@@ -12,7 +12,6 @@ import fixup
 from fixup import Bias, Scale, adapt, branch_scale
 from fixup.adapt import AdaptError
 
-
 # --- torchvision-style ResNet (the module structure of torchvision.models.resnet, written here) ---
 
 class BasicBlock(nn.Module):
@@ -155,7 +154,7 @@ def test_resnet50_structure_counts_bottlenecks_and_is_the_identity_at_init() -> 
 
 
 def test_basic_block_resnet_and_the_report_round_trip() -> None:
-    model, report = adapt(ResNet(BasicBlock, [2, 2], width=8), torch.randn(1, 3, 16, 16))
+    _model, report = adapt(ResNet(BasicBlock, [2, 2], width=8), torch.randn(1, 3, 16, 16))
     assert report.num_branches == 4 and {b.m for b in report.branches} == {2}
     assert report.branches[0].factor == pytest.approx(branch_scale(4, 2))
     assert [r.shortcut for r in report.residuals] == ["identity", "identity", "projection", "identity"]
@@ -310,7 +309,7 @@ def test_transformer_decoder_counts_self_and_cross_attention(norm_first: bool) -
 
 
 def test_full_nn_transformer() -> None:
-    model, report = adapt(nn.Transformer(32, 4, 2, 2, 64, batch_first=True),
+    _model, report = adapt(nn.Transformer(32, 4, 2, 2, 64, batch_first=True),
                           (torch.randn(2, 5, 32), torch.randn(2, 3, 32)))
     assert report.num_branches == 2 * 2 + 2 * 3
     assert sum(b.kind == "attention" for b in report.branches) == 6
@@ -377,7 +376,7 @@ def test_unattributable_structures_are_errors_naming_the_node(model: nn.Module, 
 
 
 def test_without_strict_they_are_warnings_and_left_out_of_L() -> None:
-    model, report = adapt(EndsInActivation(), torch.randn(2, 8), strict=False)
+    _model, report = adapt(EndsInActivation(), torch.randn(2, 8), strict=False)
     assert report.num_branches == 1 and report.branches[0].zeroed.name == "k"
     assert any("branch ends in 'tanh'" in w for w in report.warnings)
     with pytest.raises(AdaptError, match="found no residual sum"):

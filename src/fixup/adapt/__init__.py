@@ -22,8 +22,10 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
@@ -82,9 +84,10 @@ def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
 
 def _check_trace(model: nn.Module, gm: fx.GraphModule, args: tuple[Tensor, ...]) -> None:
     """The traced graph must compute what the model computes (else tracing specialised something)."""
-    modes = {m: m.training for m in model.modules()}
+    modes = {m: m.training for root in (model, gm) for m in root.modules()}
     try:
         model.eval()
+        gm.eval()
         with torch.no_grad():
             want, got = model(*args), gm(*args)
     finally:
@@ -93,6 +96,41 @@ def _check_trace(model: nn.Module, gm: fx.GraphModule, args: tuple[Tensor, ...])
     if isinstance(want, Tensor) and not (isinstance(got, Tensor) and _same(want, got)):
         raise AdaptError(f"the torch.fx trace of {type(model).__name__} does not compute what the model computes "
                          "on the example input; its forward probably depends on values fx cannot see")
+
+
+_DROPOUTS = {F.dropout: nn.Dropout, F.dropout1d: nn.Dropout1d, F.dropout2d: nn.Dropout2d,
+             F.dropout3d: nn.Dropout3d, F.alpha_dropout: nn.AlphaDropout}
+
+
+def _modeful_dropout(gm: fx.GraphModule) -> list[str]:
+    """Turn ``F.dropout(x, p, self.training)`` (whose flag tracing fixes) into dropout modules that follow
+    ``model.train()``/``eval()``; return warnings for training-mode values tracing had to fix otherwise."""
+    notes = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is F.scaled_dot_product_attention:
+            p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+            if not isinstance(p, fx.Node) and p:
+                notes.append(f"{node.name}: attention dropout p={p} was fixed when tracing; it also applies in eval()")
+            continue
+        if node.target not in _DROPOUTS:
+            continue
+        args = dict(zip(("input", "p", "training", "inplace"), node.args)) | dict(node.kwargs)
+        p, training = args.get("p", 0.5), args.get("training", True)
+        if isinstance(p, fx.Node) or isinstance(training, fx.Node):
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        scope = next(reversed(stack.values()))[0] if stack else ""
+        name = f"fx_{node.name}"
+        gm.add_submodule(f"{scope}.{name}" if scope else name, _DROPOUTS[node.target](p))
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_module(f"{scope}.{name}" if scope else name, (args["input"],))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return notes
 
 
 def _same(want: Tensor, got: Tensor) -> bool:
@@ -117,6 +155,7 @@ class _Rewriter:
         self.norms: list[NormChange] = []
         self.bias_nodes: set[fx.Node] = set()
         self.removed: list[fx.Node] = []
+        self.bias_after: dict[fx.Node, fx.Node] = {}
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}  # execution order of the traced nodes
 
     def _add(self, container: str, stem: str, module: nn.Module) -> str:
@@ -192,10 +231,13 @@ class _Rewriter:
             if existing is not None:
                 made.append(existing)
                 continue
-            target = self._add(container, f"bias_{stem}", Bias())
-            with self.gm.graph.inserting_before(node):
-                b = self.gm.graph.call_module(target, (src,))
-            self.bias_nodes.add(b)
+            b = self.bias_after.get(src)
+            if b is None:  # one bias per source: Q, K and V of one input share it
+                target = self._add(container, f"bias_{stem}", Bias())
+                with self.gm.graph.inserting_after(src):
+                    b = self.gm.graph.call_module(target, (src,))
+                self.bias_nodes.add(b)
+                self.bias_after[src] = b
             node.replace_input_with(src, b)
             made.append(b)
         return made
@@ -251,7 +293,8 @@ class _Rewriter:
 
     def _kind(self, r: Residual) -> str:
         mods = [T.module_of(n, self.modules) for n in r.layers]
-        if any(isinstance(m, nn.MultiheadAttention) for m in mods):
+        if any(isinstance(m, nn.MultiheadAttention) for m in mods) or \
+                any(T._name(n) in ("scaled_dot_product_attention", "softmax") for n in r.data):
             return "attention"
         if all(isinstance(m, nn.Linear) for m in mods):
             return "mlp" if len(mods) > 1 else "linear"
@@ -275,6 +318,7 @@ def adapt(
     generator: torch.Generator | None = None,
     mode: str = "fan_out",
     leaf_modules: tuple[type[nn.Module], ...] = (),
+    **init_options: Any,
 ) -> tuple[FixupAdapted, AdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` and its accounting report.
 
@@ -287,13 +331,15 @@ def adapt(
             weight layers on both sides, a weight layer shared between branches, a branch that does
             not end in a weight layer). With ``strict=False`` those sums are left out of L and each
             is a warning in the report.
-        generator, mode: passed to :func:`fixup.fixup_init_` (He draws and fan convention).
+        generator, mode, init_options: passed to :func:`fixup.fixup_init_` (the random draws, the fan
+            convention, e.g. ``base="xavier"`` for the base initialisation).
         leaf_modules: module types to keep whole while tracing (never searched for branches).
     """
     args = _inputs(example_input)
     source = copy.deepcopy(model)
     graph, fixed = T.trace(source, args, leaf_modules)
     gm = FixupAdapted(source, graph, class_name=type(model).__name__)
+    mode_notes = _modeful_dropout(gm)
     _check_trace(source, gm, args)
     analysis = analyse(gm.graph, dict(gm.named_modules()))
     problems = [str(p) for p in analysis.problems]
@@ -323,7 +369,7 @@ def adapt(
     names = _declare(gm, declared, types)
     gm.graph.lint()
     gm.recompile()
-    report = fixup_init_(gm, generator=generator, mode=mode)
+    report = fixup_init_(gm, generator=generator, mode=mode, **init_options)
     with torch.no_grad():
         gm(*args)  # the adapted model runs on the example input
     residuals = [ResidualRecord(names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
@@ -332,7 +378,7 @@ def adapt(
     data = vars(report).copy()
     data["warnings"] = [*problems, *analysis.notes, *data["warnings"],
                         *(f"the forward branches on a traced value; the adapted model always takes the branch "
-                          f"the example input took ({f})" for f in fixed)]
+                          f"the example input took ({f})" for f in fixed), *mode_notes]
     return gm, AdaptReport(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added)
 
 

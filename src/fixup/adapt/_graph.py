@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from torch import fx, nn
 
 from ..branch import WEIGHT_LAYERS
-from ..nn import Bias
 from . import _trace as T
 
 __all__ = ["Analysis", "Problem", "Residual", "analyse"]
@@ -295,7 +294,3 @@ def an_attr(graph: fx.Graph, target: str) -> object:
     for part in target.split("."):
         obj = getattr(obj, part, None)
     return obj
-
-
-def is_bias_node(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    return isinstance(T.module_of(node, modules), Bias)

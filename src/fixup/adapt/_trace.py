@@ -196,6 +196,19 @@ STRUCTURES: dict[type[nn.Module], Callable[..., Any]] = {
 }
 
 
+def _raw_attr(root: nn.Module, target: str) -> Any:
+    """``root.<target>`` read from the modules' own dictionaries (fx patches ``getattr`` while tracing)."""
+    obj: Any = root
+    *path, last = target.split(".")
+    for part in path:
+        obj = obj.__dict__["_modules"][part] if part in obj.__dict__.get("_modules", {}) else \
+            object.__getattribute__(obj, part)
+    for store in ("_parameters", "_buffers", "_modules"):
+        if last in obj.__dict__.get(store, {}):
+            return obj.__dict__[store][last]
+    return object.__getattribute__(obj, last)
+
+
 _UNKNOWN = object()
 _VALUE = "fixup_value"  # node.meta key: the node's value on the example input, while tracing
 
@@ -211,6 +224,7 @@ class AdaptTracer(fx.Tracer):
     def __init__(self, leaf_modules: tuple[type[nn.Module], ...] = (),
                  example: tuple[Any, ...] | None = None) -> None:
         super().__init__(autowrap_functions=(residual_add,))
+        self.proxy_buffer_attributes = True  # buffers (position tables, masks) are graph inputs, not constants
         self.extra_leaves = leaf_modules
         self.example, self._next_input = example, 0
         self.fixed: list[str] = []
@@ -233,6 +247,11 @@ class AdaptTracer(fx.Tracer):
                 return structure(m, *a, **k)
         return super().call_module(m, forward, args, kwargs)
 
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if self._evaluating:  # computing an example value: the real parameter, not a proxy
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
     def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      name: str | None = None, type_expr: Any = None, proxy_factory_fn: Any = None) -> fx.Proxy:
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
@@ -247,10 +266,7 @@ class AdaptTracer(fx.Tracer):
                 return self.example[self._next_input - 1]
             return node.args[0] if node.args else _UNKNOWN
         if node.op == "get_attr":
-            obj: Any = self.root
-            for part in str(node.target).split("."):
-                obj = getattr(obj, part)
-            return obj
+            return _raw_attr(self.root, str(node.target))
         unknown = False
 
         def value(n: fx.Node) -> Any:
@@ -324,10 +340,6 @@ def trace(model: nn.Module, example: tuple[Any, ...],
 def data_inputs(node: fx.Node) -> list[fx.Node]:
     """The nodes whose values flow into ``node`` (metadata reads such as ``x.size()`` do not count)."""
     return [] if is_meta(node) else list(node.all_input_nodes)
-
-
-def module_table(root: nn.Module) -> dict[str, nn.Module]:
-    return dict(root.named_modules())
 
 
 def functional_norm(node: fx.Node) -> bool:
