@@ -73,7 +73,9 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
     from ..train import TrainConfig, fit
 
     config = TrainConfig.from_dict(dict(cell.config["train"]))
-    result = fit(config, out_dir=work)
+    result = fit(config, out_dir=work, progress=False)
+    if result.outcome == "interrupted":  # not a result: the cell stays unfinished and resumes next time
+        raise RuntimeError(f"cell {cell.key} was interrupted ({result.reason}); rerun to resume it")
     history = [{k: v for k, v in row.items() if isinstance(v, (int, float, str)) or v is None}
                for row in result.history]
     last = history[-1] if history else {}

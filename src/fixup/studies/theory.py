@@ -1,0 +1,154 @@
+"""The theory study: the first SGD step's functional change Δf against depth, in the paper's scalar network
+and measured on real ResNets (through the laboratory, :mod:`fixup.lab`).
+
+Scalar network (sections 2-3): L branches of m scalar weights; Δf of one exact SGD step at rate η,
+for Fixup's factor L^(-1/(2m-2)), the unscaled branches, the sqrt(L)-motivated factor, all-zero
+branches and Fixup x0.1 / x10. Inner weights are drawn N(0, factor^2) per seed, so each depth has
+mean ± std over seeds. Measured: Δf of a CIFAR ResNet at step k > 1 on a fixed batch (at step 1 only
+Fixup's zero classifier moves, so Δf is the same at every depth; the branches move from step 2).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .base import Plan, Study
+from .cells import Cell, Task
+from .claims import NOT_RUN, ClaimRow, clearly_below, verdict
+from .grid import Grid
+from .stats import Stat, group_records, stat
+from .store import Store
+
+__all__ = ["STUDY"]
+
+# The scalar network's Fixup Δf/η counts as flat when its largest and smallest mean over depths differ
+# by at most this ratio; the unscaled branches count as growing at this ratio or more (or non-finite).
+FLAT_RATIO = 1.2
+GROWTH_RATIO = 10.0
+LAB_METHOD = {"he": "none"}  # the laboratory's name for He init without normalisation
+
+
+def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
+    cfg = cell.config
+    if cell.setting["part"] == "scalar":
+        from ..lab.scalar import ScalarConfig, scalar_sweep
+
+        records = scalar_sweep(cfg["depths"], [cell.method],
+                               ScalarConfig(m=cfg["m"], eta=cfg["lr"], draw="gaussian", seed=cell.seed))
+        return {"points": [{"L": r["L"], "df1_over_eta": r["df1_over_eta"]} for r in records]}
+    from ..lab.update import update_sweep
+
+    out = update_sweep(cfg["model"], cfg["depths"], methods=[LAB_METHOD.get(cell.method, cell.method)],
+                       lr=cfg["lr"], steps=(1, cfg["step"]), seed=cell.seed)
+    pts = [{"depth": r["depth"], "L": r["L"], "df": r["df"]} for r in out["records"] if r["step"] == cfg["step"]]
+    fit = next(iter(out["fits"].values()))[f"df@{cfg['step']}"]
+    return {"points": pts, "slope": fit["slope"]}
+
+
+def plan(grid: Grid, store: Store) -> Plan:
+    g = grid.theory
+    tasks = []
+    for seed in range(grid.seeds):
+        for scheme in g.scalar_schemes:
+            cfg = {"depths": list(g.scalar_depths), "m": 2, "lr": g.lr}
+            tasks.append(Task(Cell("theory", scheme, {"part": "scalar"}, seed, config=cfg, cost=1e4), run_cell))
+        for method in g.measured_methods:
+            cfg = {"model": "resnet_cifar", "depths": list(g.measured_depths), "lr": g.lr, "step": g.measured_step}
+            cost = sum(g.measured_depths) * g.measured_step * 8 * 2
+            tasks.append(Task(Cell("theory", method, {"part": "measured"}, seed, config=cfg, cost=cost), run_cell))
+    return Plan(tasks)
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
+    scalar: dict[str, dict[str, Any]] = {}
+    measured: dict[str, dict[str, Any]] = {}
+    for (method, part), recs in group_records(records, "method", "part").items():
+        xs = "L" if part == "scalar" else "depth"
+        key = "df1_over_eta" if part == "scalar" else "df"
+        by_x: dict[int, list[Any]] = {}
+        for r in recs:
+            for p in r["result"]["points"]:
+                by_x.setdefault(p[xs], []).append(_finite(p[key]))
+        entry = {str(x): stat(v).to_dict() for x, v in sorted(by_x.items())}
+        if part == "scalar":
+            scalar[method] = entry
+        else:
+            measured[method] = {"points": entry, "slope": stat(_finite(r["result"]["slope"]) for r in recs).to_dict(),
+                                "L": {str(p["depth"]): p["L"] for p in recs[0]["result"]["points"]}}
+    g = grid.theory
+    scale = (f"scalar network m=2, L {min(g.scalar_depths):,}-{max(g.scalar_depths):,}; CIFAR ResNet depths "
+             f"{min(g.measured_depths)}-{max(g.measured_depths)} on a fixed random batch, Δf at step "
+             f"{g.measured_step}, lr {g.lr}; {grid.seeds} seeds")
+    return {"scalar": scalar, "measured": measured, "scale": scale, "step": g.measured_step}
+
+
+def _ratio(entry: dict[str, Any]) -> float:
+    means = [v["mean"] for v in entry.values()]
+    if any(m is None for m in means) or not means:
+        return math.inf
+    low = min(means)
+    return math.inf if low <= 0 else max(means) / low
+
+
+def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
+    sc, me, scale = summary["scalar"], summary["measured"], summary["scale"]
+    if "fixup" not in sc or "unscaled" not in sc:
+        return [ClaimRow("theory_fixed_update", "", scale, NOT_RUN, "Fixup or the unscaled scheme was not run")]
+    fx_ratio, un_ratio = _ratio(sc["fixup"]), _ratio(sc["unscaled"])
+    holds = fx_ratio <= FLAT_RATIO and un_ratio >= GROWTH_RATIO
+    ours = (f"scalar network: Fixup Δf/η max/min over depths {fx_ratio:.2f}, unscaled "
+            f"{'overflows' if math.isinf(un_ratio) else f'{un_ratio:.3g}x'}")
+    rule = (f"holds if the scalar network's Fixup Δf/η varies by at most {FLAT_RATIO}x over depth while the unscaled "
+            f"branches' grows {GROWTH_RATIO:g}x or more")
+    if "fixup" in me and "fixup_no_depth_scale" in me:
+        a, b = Stat(**me["fixup"]["slope"]), Stat(**me["fixup_no_depth_scale"]["slope"])
+        holds = holds and clearly_below(a, b)
+        ours += (f"; measured log-log slope of Δf@{summary['step']} against L: Fixup {a.format(2)}, without rule 2 "
+                 f"{b.format(2)}")
+        rule += ", and the measured slope is clearly lower with rule 2 than without"
+    full = max(grid.theory.scalar_depths) >= 10_000
+    return [ClaimRow("theory_fixed_update", ours, scale, verdict(holds, full), rule)]
+
+
+def markdown(summary: dict[str, Any], grid: Grid) -> str:
+    lines = [f"Scalar network: Δf/η of the first SGD step at rate {grid.theory.lr}, mean ± std (n) over seeds.", ""]
+    if summary["scalar"]:
+        xs = list(next(iter(summary["scalar"].values())))
+        lines += ["| scheme | " + " | ".join(f"L={int(x):,}" for x in xs) + " |", "|---|" + "---|" * len(xs)]
+        for scheme, entry in summary["scalar"].items():
+            lines.append(f"| {scheme} | " + " | ".join(Stat(**entry[x]).format(3) if x in entry else "" for x in xs)
+                         + " |")
+    if summary["measured"]:
+        xs = list(next(iter(summary["measured"].values()))["points"])
+        lines += ["", f"Measured on CIFAR ResNets (fixed random batch): Δf at step {summary['step']}, mean ± std (n).",
+                  "", "| method | " + " | ".join(f"depth {x}" for x in xs) + " | slope vs L |",
+                  "|---|" + "---|" * (len(xs) + 1)]
+        for method, e in summary["measured"].items():
+            lines.append(f"| {method} | " + " | ".join(Stat(**e["points"][x]).format(3) if x in e["points"] else ""
+                                                       for x in xs) + f" | {Stat(**e['slope']).format(2)} |")
+    return "\n".join(lines)
+
+
+def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
+    from .plots import plot_loglog
+
+    out = []
+    if summary["scalar"]:
+        series = {s: [(int(x), v["mean"]) for x, v in e.items()] for s, e in summary["scalar"].items()}
+        out.append(plot_loglog(series, "residual branches L", "Δf / η (first SGD step)", folder / "theory_scalar.png",
+                               title="scalar network, m=2 (points missing: overflow or zero)"))
+    if summary["measured"]:
+        series = {m: [(e["L"][x], v["mean"]) for x, v in e["points"].items()] for m, e in summary["measured"].items()}
+        out.append(plot_loglog(series, "residual branches L", f"Δf at step {summary['step']}",
+                               folder / "theory_measured.png", title="CIFAR ResNet, fixed random batch"))
+    return out
+
+
+STUDY = Study("theory", "Theory: the functional update Δf against depth", run_cell, plan, summarise, claims,
+              markdown, figures)
