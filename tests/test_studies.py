@@ -82,27 +82,27 @@ def test_killed_study_restarts_without_redoing_finished_cells(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
         deadline = time.time() + 60
-        while len(list(tmp_path.rglob("result.json"))) < 2:
+        while len(list(tmp_path.rglob("cell_result.json"))) < 2:
             assert proc.poll() is None and time.time() < deadline, "the study process ended early"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    finished = {json.loads(p.read_text())["setting"]["x"] for p in tmp_path.rglob("result.json")}
+    finished = {json.loads(p.read_text())["setting"]["x"] for p in tmp_path.rglob("cell_result.json")}
     assert 2 <= len(finished) < 6
     summary = run_tasks(_tasks(6, sleep=0.4), tmp_path)
     assert {f"fake/m/x={x}/seed0" for x in finished} == set(summary.resumed)
     calls = _calls(tmp_path)
     for x in finished:
         assert calls.count(f"fake/m/x={x}/seed0") == 1, f"finished cell x={x} was redone"
-    assert len(list(tmp_path.rglob("result.json"))) == 6
+    assert len(list(tmp_path.rglob("cell_result.json"))) == 6
 
 
 def test_failed_cell_is_recorded_and_retried(tmp_path):
     tasks = [*_tasks(2), Task(Cell("fake", "m", {"x": 9}, 0, config={"fail": True}), counting_cell)]
     summary = run_tasks(tasks, tmp_path)
     assert list(summary.failed) == ["fake/m/x=9/seed0"] and "deliberate failure" in summary.failed["fake/m/x=9/seed0"]
-    assert (Store(tmp_path).cell_dir(tasks[2].cell) / "error.json").exists()
+    assert (Store(tmp_path).cell_dir(tasks[2].cell) / "cell_error.json").exists()
     again = run_tasks(tasks, tmp_path)
     assert len(again.resumed) == 2 and list(again.failed) == ["fake/m/x=9/seed0"]
 

@@ -117,3 +117,27 @@ def test_seeds_below_the_minimum_are_refused():
         make_grid("full", seeds=2)
     with pytest.raises(ValueError, match="--data-dir"):
         make_grid("quick", data="cifar10")
+
+
+def test_tiny_reproduce_end_to_end(tmp_path, capsys):
+    """`fixup reproduce --tiny` trains every study's cells with the real engine and writes the report;
+    running it again finds every cell finished and redoes none."""
+    from fixup.cli import main
+
+    out = tmp_path / "tiny"
+    assert main(["reproduce", "--tiny", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [c["claim"] for c in data["claims"]] == [c.id for c in CLAIMS]
+    ran = {c["claim"] for c in data["claims"] if c["verdict"] != NOT_RUN}
+    assert {"depth_fixup_trains_deep", "no_norm_needs_small_rate", "cifar10_resnet110", "ablation_zero_branch",
+            "theory_fixed_update"} <= ran
+    depth_summary = data["studies"]["depth"]["methods"]
+    for method in ("fixup", "batchnorm", "he"):  # every seed is either a finite accuracy or a recorded divergence
+        entry = depth_summary[method]["14"]
+        assert entry["n"] == 2 and entry["diverged"] + entry["test_acc"]["n"] == 2
+    assert depth_summary["fixup"]["14"]["diverged"] == 0
+    assert (out / "figures" / "depth.png").exists() and (out / "report.md").exists()
+    first = data["timing"]["cells_run"]
+    assert main(["reproduce", "--tiny", "--out", str(out), "--no-plots"]) == 0
+    again = json.loads((out / "results.json").read_text())["timing"]
+    assert again["cells_run"] == 0 and again["cells_resumed"] == first

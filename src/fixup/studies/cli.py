@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
         if row.scale:  # claims this run tested
             print(f"  {row.verdict:38s} {row.claim}")
     if result.failed:
-        print(f"{len(result.failed)} cell(s) failed (tracebacks in their error.json); rerun to retry them:",
+        print(f"{len(result.failed)} cell(s) failed (tracebacks in their cell_error.json); rerun to retry them:",
               file=sys.stderr)
         for key in result.failed:
             print(f"  {key}", file=sys.stderr)

@@ -88,7 +88,7 @@ class TheoryGrid:
     scalar_schemes: tuple[str, ...] = ("fixup", "unscaled", "sqrt", "zero", "fixup_x0.1", "fixup_x10")
     measured_depths: tuple[int, ...] = (8, 20, 56, 110, 218, 434)
     measured_methods: tuple[str, ...] = ("fixup", "fixup_no_depth_scale", "he", "sqrt2", "batchnorm")
-    measured_step: int = 10  # Δf at step k > 1: at step 1 only Fixup's zero classifier moves
+    measured_step: int = 10  # largest Δf over k > 1 steps: at step 1 only Fixup's zero classifier moves
     lr: float = 0.1
 
 
@@ -128,12 +128,14 @@ _QUICK = dict(
                                       batch_size=32, epochs=10, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
                                       he_search_epochs=3),
     translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1, 0.3), max_updates=300, max_tokens=2048),
-    theory=TheoryGrid(measured_depths=(8, 20, 56, 110), measured_step=10),
+    theory=TheoryGrid(measured_depths=(8, 20, 56, 110), measured_methods=("fixup", "fixup_no_depth_scale", "he"),
+                      measured_step=10),
 )
 
 _TINY = dict(
     seeds=2,
-    depth=DepthGrid(depths=(10, 28), methods=("fixup", "batchnorm", "he"), batch_size=64, batch_size_10000=64),
+    depth=DepthGrid(model="resnet_cifar", depths=(8, 14), methods=("fixup", "batchnorm", "he"), batch_size=64,
+                    batch_size_10000=64),
     ablation=AblationGrid(model="resnet_cifar", depth=8, methods=("fixup", "fixup_zero_branch"), batch_size=64,
                           epochs=1),
     regularisation=RegularisationGrid(model="resnet_cifar", depth=8, methods=("fixup", "batchnorm", "he"),

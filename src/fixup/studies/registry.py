@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from . import ablation, depth, regularisation
+from . import ablation, depth, regularisation, theory
 from .base import Study
 
 __all__ = ["STUDIES", "get_study"]
 
-STUDIES: dict[str, Study] = {s.name: s for s in (depth.STUDY, ablation.STUDY, regularisation.STUDY)}
+STUDIES: dict[str, Study] = {s.name: s for s in (depth.STUDY, ablation.STUDY, regularisation.STUDY, theory.STUDY)}
 
 
 def get_study(name: str) -> Study:

@@ -70,6 +70,7 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
                                   elapsed=time.perf_counter() - start, eta=p.eta), message)
 
         summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost)
+        seconds_per_cost = summary.seconds_per_cost or seconds_per_cost  # the next round's ETA prior
         run += len(summary.ran)
         resumed += len(summary.resumed)
         failed.update(summary.failed)

@@ -66,6 +66,7 @@ class RunSummary:
     resumed: list[str]  # keys of the cells already finished, not redone
     failed: dict[str, str]  # key -> error text
     seconds: float
+    seconds_per_cost: float | None  # measured on the cells run here (None if none ran)
 
 
 def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]:
@@ -113,7 +114,7 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
 
     ``jobs`` > 1 runs cells in that many worker processes (spawned, each with
     ``cpu_count // jobs`` torch threads). A cell whose function raises is recorded as failed (its
-    traceback in ``error.json``) and retried by the next run; the other cells go on.
+    traceback in ``cell_error.json``) and retried by the next run; the other cells go on.
     ``seconds_per_cost`` is the ETA's prior until the first cell finishes.
     """
     if jobs < 1:
@@ -179,4 +180,6 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     report("end")
-    return RunSummary(ran=ran, resumed=resumed, failed=failed, seconds=time.perf_counter() - start)
+    rate = clock.seconds / clock.cost if clock.cost > 0 else None
+    return RunSummary(ran=ran, resumed=resumed, failed=failed, seconds=time.perf_counter() - start,
+                      seconds_per_cost=rate)

@@ -22,13 +22,13 @@ class Stat:
     n: int
     n_total: int
 
-    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
-        """``92.3 ± 1.2% (n=3)``; ``— (n=0 of 3)`` when no seed has a value."""
+    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "", *, sig: bool = False) -> str:
+        """``92.3 ± 1.2% (n=3)``; ``— (n=0 of 3)`` when no seed has a value; ``sig``: significant digits."""
         if self.mean is None:
             return f"— (n=0 of {self.n_total})"
         of = f" of {self.n_total}" if self.n_total != self.n else ""
-        return (f"{self.mean * scale:.{digits}f} ± {(self.std or 0.0) * scale:.{digits}f}{unit} "
-                f"(n={self.n}{of})")
+        spec = f".{digits}{'g' if sig else 'f'}"
+        return f"{self.mean * scale:{spec}} ± {(self.std or 0.0) * scale:{spec}}{unit} (n={self.n}{of})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std, "n": self.n, "n_total": self.n_total}

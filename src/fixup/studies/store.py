@@ -2,11 +2,12 @@
 
 Layout::
 
-    OUT/cells/<study>/<method>/<setting>/seed<N>/config.json   written when the cell starts
-    OUT/cells/<study>/<method>/<setting>/seed<N>/result.json   written atomically when it finishes
-    OUT/cells/<study>/<method>/<setting>/seed<N>/work/         the run's own logs and checkpoints
+    OUT/cells/<study>/<method>/<setting>/seed<N>/cell_config.json   written when the cell starts
+    OUT/cells/<study>/<method>/<setting>/seed<N>/cell_result.json   written atomically when it finishes
+    OUT/cells/<study>/<method>/<setting>/seed<N>/cell_error.json    a cell that raised (retried next run)
+    OUT/cells/<study>/<method>/<setting>/seed<N>/work/              the run's own logs and checkpoints
 
-A cell is finished exactly when ``result.json`` exists: it is written to a temporary file and
+A cell is finished exactly when ``cell_result.json`` exists: it is written to a temporary file and
 renamed, so a process killed mid-write never leaves a half result that looks finished. A restarted
 study skips finished cells; an unfinished cell starts again (and the engine resumes it from its
 checkpoint in ``work/`` when it has one).
@@ -23,7 +24,7 @@ from .cells import Cell
 
 __all__ = ["ConfigMismatchError", "Store", "write_json_atomic"]
 
-RESULT, CONFIG, ERROR, WORK = "result.json", "config.json", "error.json", "work"
+RESULT, CONFIG, ERROR, WORK = "cell_result.json", "cell_config.json", "cell_error.json", "work"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -103,7 +104,6 @@ class Store:
 
     def records(self, study: str | None = None) -> list[dict[str, Any]]:
         """Every finished cell's record (of one study, or all), in a stable order."""
-        base = self.root / "cells" / (study or "")
-        if not base.exists():
-            return []
-        return [json.loads(p.read_text()) for p in sorted(base.rglob(RESULT))]
+        base = self.root / "cells"
+        pattern = f"{study or '*'}/*/*/seed*/{RESULT}"  # never the engine's own files under work/
+        return [json.loads(p.read_text()) for p in sorted(base.glob(pattern))]
