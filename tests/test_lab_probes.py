@@ -76,6 +76,15 @@ def test_depth_sweep_to_about_400_layers():
     assert all(not math.isfinite(r["df"]) for r in deep)
 
 
+@pytest.mark.slow
+def test_depth_sweep_of_the_depth_study_wide_resnet():
+    res = update_sweep("wide_resnet", (16, 52, 100, 202, 400), methods=("fixup", "fixup_no_depth_scale"),
+                       steps=(10,), scalar_lr_factor=0.0)
+    fits = res["fits"]
+    assert abs(fits["fixup"]["df_max@10"]["slope"]) < 0.2
+    assert fits["fixup_no_depth_scale"]["df_max@10"]["slope"] > 1.5
+
+
 def test_layer_stats_fixup_blocks_are_identities_and_only_classifier_gets_gradient(batch):
     x, y = batch
     recs = layer_stats(build_model("resnet20", "fixup"), x, y)
