@@ -1,0 +1,92 @@
+"""``fixup translate``: train a Transformer on parallel text with the shared engine and report test BLEU.
+
+Every ``fixup train`` option is accepted (``--norm layernorm``, ``--max-updates``, ``--lr``,
+``--warmup-steps``, ``--dropout``, ``--label-smoothing``, ``--grad-clip``, ...), starting from the
+paper's translation recipe instead of the image defaults; ``--data-dir`` names a folder of
+``{train,valid,test}.{src,tgt}`` files (``--src-suffix de --tgt-suffix en`` for other names), without
+it the generated task is used. Decoding: ``--beam``, ``--lenpen``, ``--average-last``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+# Shortcuts for the most used TranslationOptions (everything else goes through --extra JSON).
+_OPTION_FLAGS = {"max_tokens": int, "vocab_size": int, "src_suffix": str, "tgt_suffix": str,
+                 "synthetic_train": int, "synthetic_seed": int, "bleu_limit": int}
+
+
+def _config(args: argparse.Namespace):
+    import dataclasses
+
+    from ..train.config import TrainConfig
+    from .task import translation_config
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    changes: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+    for key in ("betas", "milestones"):
+        if key in changes:
+            changes[key] = tuple(changes[key])
+    extra = dict(changes.pop("extra", {}))
+    for key in _OPTION_FLAGS:
+        if getattr(args, f"tr_{key}", None) is not None:
+            extra[key] = getattr(args, f"tr_{key}")
+    if args.pre_norm:
+        extra["pre_norm"] = True
+    if args.joint_vocab:
+        extra["joint_vocab"] = True
+    if args.share_embeddings:
+        extra["share_embeddings"] = extra["joint_vocab"] = True
+    changes.setdefault("model", "transformer_tiny")
+    return translation_config(**changes, extra=extra)
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from ..cli import write_json
+    from .evaluate import DecodeConfig
+    from .run import train_and_evaluate
+
+    config = _config(args)
+    out_dir = args.out_dir or f"runs/translate-{config.model}-{config.norm}"
+    decode = DecodeConfig(beam=args.beam, length_penalty=args.lenpen)
+    summary = train_and_evaluate(config, out_dir, decode, average_last=args.average_last,
+                                 progress=not args.no_progress)
+    bleu, outcome = summary["bleu"], summary["outcome"]
+    print(f"{config.model} norm={config.norm}: {outcome['status']} after {summary['updates']} updates")
+    print(f"{summary['split']} BLEU {bleu['bleu']:.2f} (beam {args.beam}, lenpen {args.lenpen:g}"
+          + (f", average of {len(summary['averaged_checkpoints'])} checkpoints" if summary["averaged_checkpoints"]
+             else "") + f"; {bleu['signature']})")
+    base = f"copy-the-source BLEU {summary['copy_bleu']:.2f}"
+    if "word_for_word_bleu" in summary:
+        base += f", word-for-word dictionary BLEU {summary['word_for_word_bleu']:.2f}"
+    print(base)
+    print(f"run folder: {out_dir} (hypotheses in {summary['split']}.hyp, summary in translation.json)")
+    if args.json:
+        write_json(args.json, summary)
+    return 0 if outcome["status"] == "completed" else 3
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..train.cli import add_config_options
+
+    p = sub.add_parser("translate", help="train a Transformer on parallel text and report BLEU (docs/translation.md)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default=None, help="run folder (vocabulary, data, checkpoints, hypotheses); resumed "
+                                                   "when it holds a checkpoint (default runs/translate-MODEL-NORM)")
+    p.add_argument("--beam", type=int, default=4, help="beam size for the test translation (1 = greedy)")
+    p.add_argument("--lenpen", type=float, default=1.0, help="length penalty: score / length ** lenpen")
+    p.add_argument("--average-last", type=int, default=0, metavar="N",
+                   help="decode with the average of the last N kept checkpoints (needs --keep-checkpoints N)")
+    p.add_argument("--pre-norm", action="store_true", help="LayerNorm before each branch (--norm layernorm)")
+    p.add_argument("--joint-vocab", action="store_true", help="one sentencepiece vocabulary for both languages")
+    p.add_argument("--share-embeddings", action="store_true", help="one embedding table (implies --joint-vocab)")
+    for key, tp in _OPTION_FLAGS.items():
+        p.add_argument("--" + key.replace("_", "-"), dest=f"tr_{key}", type=tp, default=None,
+                       help="translation option (fixup.translation.task.TranslationOptions)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(p)
+    p.set_defaults(func=_translate)

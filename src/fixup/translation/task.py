@@ -1,0 +1,175 @@
+"""The translation task for the training engine (:func:`fixup.train.fit`): data, model and loss.
+
+The engine owns the loop, the optimiser (Adam with betas (0.9, 0.98) for translation), the inverse
+square-root schedule with warm-up, gradient clipping, weight decay, checkpoints and resume; this task
+owns the parallel text, the Transformer and the label-smoothed cross-entropy. Options that only
+translation needs live in ``config.extra`` (see :class:`TranslationOptions`); an unknown key is an
+error. Without ``data_dir`` the generated task (:mod:`fixup.data.synthetic_translation`) is written to
+``work_dir/data`` and read back from there like any other data folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data.synthetic_translation import SyntheticTranslationConfig, write_synthetic_task
+from ..data.text import PAD, ParallelData, collate, load_parallel_data, token_batches
+from ..models import create_model
+from .evaluate import DecodeConfig, corpus_bleu, translate_pairs
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
+    from ..train.task import Shard
+
+__all__ = ["TranslationOptions", "TranslationTask", "translation_config"]
+
+
+@dataclass
+class TranslationOptions:
+    """Translation-only options, read from ``TrainConfig.extra``."""
+
+    work_dir: str = "runs/translation"  # where the vocabulary (and the generated data) are written
+    src_suffix: str = "src"  # file suffix of the source side ({split}.{src_suffix})
+    tgt_suffix: str = "tgt"
+    vocab_size: int = 1000  # sentencepiece vocabulary size per language (or joint)
+    joint_vocab: bool = False  # one vocabulary for both languages (needed for share_embeddings)
+    spm_model: str = "bpe"  # sentencepiece model type: bpe | unigram | word | char
+    max_tokens: int = 4096  # padded tokens per training batch and per process (fairseq's --max-tokens)
+    max_len: int = 128  # training pairs longer than this many subword tokens are dropped
+    share_embeddings: bool = False  # one embedding table for both languages (requires joint_vocab)
+    pre_norm: bool = False  # LayerNorm before each branch (norm="layernorm" only)
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # other TransformerConfig overrides
+    bleu_limit: int = 500  # valid sentences translated (greedy) for valid_bleu at each evaluation; 0 = off
+    synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
+    synthetic_train: int = 30000  # its training pairs
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - names)
+        if unknown:
+            raise ValueError(f"unknown translation option(s) {', '.join(unknown)} in --extra; valid ones are "
+                             f"{', '.join(sorted(names))}")
+        return cls(**extra)
+
+
+def translation_config(**changes: Any) -> TrainConfig:
+    """A :class:`TrainConfig` with the paper's translation recipe (fairseq IWSLT'14 De-En, Fixup section 5):
+    Adam (0.9, 0.98), inverse square-root schedule after 4000 warm-up steps, peak rate 5e-4, label
+    smoothing 0.1, weight decay 1e-4, dropout 0.3; ``changes`` override any field."""
+    from ..train.config import TrainConfig
+
+    base = {"task": "translation", "model": "transformer_iwslt_de_en", "norm": "fixup", "optimizer": "adam",
+            "betas": (0.9, 0.98), "lr": 5e-4, "schedule": "inverse_sqrt", "warmup_steps": 4000,
+            "label_smoothing": 0.1, "weight_decay": 1e-4, "dropout": 0.3, "epochs": 1000, "max_updates": 200000,
+            "batch_size": 1, "dataset": "text"}
+    return TrainConfig(**{**base, **changes}).validate()
+
+
+class TranslationTask:
+    """Parallel text + Transformer + label-smoothed cross-entropy, for :func:`fixup.train.fit`."""
+
+    def __init__(self, config: TrainConfig, work_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.options = TranslationOptions.from_extra(dict(config.extra))
+        self.work_dir = Path(work_dir if work_dir is not None else self.options.work_dir)
+        o = self.options
+        if config.data_dir:
+            self.data_dir = Path(config.data_dir)
+        else:
+            synth = SyntheticTranslationConfig(seed=o.synthetic_seed, train=o.synthetic_train)
+            self.data_dir = write_synthetic_task(self.work_dir / "data", synth)
+        self.data: ParallelData = load_parallel_data(
+            self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,
+            vocab_size=o.vocab_size, joint_vocab=o.joint_vocab, model_type=o.spm_model, max_len=o.max_len)
+        self._train_count = len(token_batches(self.data.pairs["train"], o.max_tokens))
+
+    # -- the Task protocol --------------------------------------------------------------------------
+    def build_model(self, config: TrainConfig) -> nn.Module:
+        o = self.options
+        kwargs: dict[str, Any] = {"norm": config.norm, "src_vocab": len(self.data.src_vocab),
+                                  "tgt_vocab": len(self.data.tgt_vocab), "pad_id": PAD, "dropout": config.dropout,
+                                  "share_embeddings": o.share_embeddings, "pre_norm": o.pre_norm,
+                                  "attention_dropout": o.attention_dropout,
+                                  "activation_dropout": o.activation_dropout, **o.model}
+        if config.init:
+            kwargs["init"] = config.init
+        if config.depth:
+            kwargs["encoder_layers"] = kwargs["decoder_layers"] = config.depth
+        if config.width:
+            kwargs["d_model"] = config.width
+        return create_model(config.model, **kwargs)
+
+    def steps_per_epoch(self, shard: Shard) -> int:
+        return self._train_count // shard.world_size
+
+    def _shard(self, batches: list[list[int]], shard: Shard) -> list[list[int]]:
+        per = len(batches) // shard.world_size
+        return batches[shard.rank::shard.world_size][:per]
+
+    def train_batches(self, epoch: int, shard: Shard) -> Iterator[dict[str, Tensor]]:
+        from ..train.task import seeded_generator
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=seeded_generator(self.config.seed, epoch)))
+        pairs = self.data.pairs["train"]
+        for index in self._shard(token_batches(pairs, self.options.max_tokens, shuffle=True, seed=seed), shard):
+            b = collate(pairs, index)
+            yield {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out}
+
+    def _sums(self, model: nn.Module, batch: dict[str, Tensor], smoothing: float) -> tuple[Tensor, dict]:
+        logits = model(batch["src"], batch["tgt_in"]).float()
+        flat, target = logits.view(-1, logits.shape[-1]), batch["tgt_out"].reshape(-1)
+        loss = F.cross_entropy(flat, target, ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
+        with torch.no_grad():
+            real = target.ne(PAD)
+            nll = F.cross_entropy(flat, target, ignore_index=PAD, reduction="sum")
+            correct = (flat.argmax(-1).eq(target) & real).sum()
+        return loss, {"loss": loss.detach(), "nll": nll, "acc": correct.float(), "n": real.sum().float()}
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Label-smoothed cross-entropy per target token (Szegedy et al. 2016; 0.1 in the paper's recipe)."""
+        loss, stats = self._sums(model, batch, self.config.label_smoothing)
+        return loss / stats["n"].clamp(min=1), stats
+
+    def evaluate(self, model: nn.Module, shard: Shard) -> dict[str, Tensor]:
+        """Sums over the valid split (the engine reports them as ``test_*``: loss, nll, token accuracy)."""
+        pairs = self.data.pairs["valid"]
+        device = next(model.parameters()).device
+        total: dict[str, Tensor] = {}
+        for index in token_batches(pairs, self.options.max_tokens)[shard.rank::shard.world_size]:
+            b = collate(pairs, index).to(device)
+            _, stats = self._sums(model, {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out},
+                                  self.config.label_smoothing)
+            total = {k: total.get(k, 0) + v for k, v in stats.items()}
+        return total
+
+    def report(self, model: nn.Module) -> dict[str, float]:
+        """Greedy BLEU on the first ``bleu_limit`` valid sentences (a cheap progress signal)."""
+        if not self.options.bleu_limit:
+            return {}
+        n = self.options.bleu_limit
+        device = next(model.parameters()).device
+        hyps = translate_pairs(model, self.data.pairs["valid"][:n], self.data.tgt_vocab, DecodeConfig(beam=1),
+                               device)
+        return {"valid_bleu": corpus_bleu(hyps, self.data.references["valid"][:n]).bleu}
+
+    def first_batch(self) -> tuple[Tensor, Tensor]:
+        b = collate(self.data.pairs["train"], token_batches(self.data.pairs["train"], self.options.max_tokens)[0])
+        return b.src, b.tgt_in
+
+    def describe(self) -> dict[str, Any]:
+        d = self.data
+        return {"task": "translation", "data_dir": str(self.data_dir), "work_dir": str(self.work_dir),
+                "pairs": {k: len(v) for k, v in d.pairs.items()}, "filtered_train_pairs": d.filtered,
+                "src_vocab": len(d.src_vocab), "tgt_vocab": len(d.tgt_vocab), "joint_vocab": d.joint,
+                "train_batches": self._train_count, "options": dataclasses.asdict(self.options)}
