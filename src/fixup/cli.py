@@ -17,7 +17,8 @@ from typing import Any
 __all__ = ["main", "write_json"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
-_COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.studies.cli", "fixup.bench", "fixup.lab.cli")
+_COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
+                              "fixup.bench", "fixup.lab.cli")
 
 
 def write_json(path: str | Path, data: Any) -> None:

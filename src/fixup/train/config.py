@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
-RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir"})
+RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints"})
 
 
 @dataclass
@@ -78,6 +78,7 @@ class TrainConfig:
     # --- output -----------------------------------------------------------------------------------
     eval_every: int = 1  # evaluate on the test set every this many epochs (and after the last)
     checkpoint: bool = True  # write out_dir/checkpoint.pt after every epoch and on SIGINT/SIGTERM
+    keep_checkpoints: int = 0  # also keep the model weights of the last N epochs (checkpoint_step{S}.pt), to average
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
     tensorboard: bool = False  # also log scalars for TensorBoard in out_dir/tensorboard (needs tensorboard)
 
@@ -117,7 +118,8 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         nonneg = ("lr", "weight_decay", "grad_clip", "warmup_steps", "max_updates", "max_loss", "mixup_alpha",
-                  "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width")
+                  "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width",
+                  "keep_checkpoints")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -163,6 +163,19 @@ class _Run:
         save_checkpoint(self.ckpt, self._state())
         return True
 
+    def _keep(self) -> None:
+        """With ``keep_checkpoints`` N: this epoch's model weights as checkpoint_step{S}.pt; only the last N stay
+        (fairseq keeps per-epoch checkpoints the same way, for checkpoint averaging)."""
+        n = self.config.keep_checkpoints
+        if not n or self.ckpt is None or not self.runtime.is_main or not _finite(self.model):
+            return
+        save_checkpoint(self.ckpt.with_name(f"checkpoint_step{self.step}.pt"),
+                        {"model": self.model.state_dict(), "step": self.step, "epoch": self.epoch})
+        kept = sorted(self.ckpt.parent.glob("checkpoint_step*.pt"),
+                      key=lambda p: int(p.stem.removeprefix("checkpoint_step")))
+        for old in kept[:-n]:
+            old.unlink()
+
     def _restore(self, path: Path) -> None:
         state = load_checkpoint(path, map_location="cpu")  # RNG states must stay CPU tensors
         check_compatible(state["config"], self.config.to_dict(), path)
@@ -297,6 +310,7 @@ class _Run:
         if last:
             self.outcome = Outcome("completed", self.epoch - 1, self.step)
         log.write_history(self.history)
+        self._keep()
         self._save()
 
     def _evaluate(self) -> dict[str, float]:

@@ -66,6 +66,7 @@ __all__ = ["TASKS", "Shard", "Task", "create_task", "move_to", "seeded_generator
 # Task kinds by name: "module:factory" with factory(config) -> Task; imported only when used.
 TASKS: dict[str, str] = {
     "images": "fixup.train.image_task:ImageClassification",
+    "translation": "fixup.translation.task:TranslationTask",
 }
 
 

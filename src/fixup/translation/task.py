@@ -52,6 +52,7 @@ class TranslationOptions:
     bleu_limit: int = 500  # valid sentences translated (greedy) for valid_bleu at each evaluation; 0 = off
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
     synthetic_train: int = 30000  # its training pairs
+    synthetic_eval: int = 1000  # its valid and its test pairs (each)
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
@@ -87,7 +88,8 @@ class TranslationTask:
         if config.data_dir:
             self.data_dir = Path(config.data_dir)
         else:
-            synth = SyntheticTranslationConfig(seed=o.synthetic_seed, train=o.synthetic_train)
+            synth = SyntheticTranslationConfig(seed=o.synthetic_seed, train=o.synthetic_train,
+                                               valid=o.synthetic_eval, test=o.synthetic_eval)
             self.data_dir = write_synthetic_task(self.work_dir / "data", synth)
         self.data: ParallelData = load_parallel_data(
             self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,

@@ -1,0 +1,92 @@
+"""The translation task through the shared engine: protocol, loss at init, batches, resume, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fixup.cli import main
+from fixup.train import fit
+from fixup.train.task import Shard, create_task
+from fixup.translation.run import train_and_evaluate
+from fixup.translation.task import TranslationTask, translation_config
+
+TINY = {"d_model": 32, "ffn_dim": 64, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def config(tmp_path, **changes):
+    extra = {"work_dir": str(tmp_path / "work"), "synthetic_train": 200, "synthetic_eval": 40, "max_tokens": 512,
+             "vocab_size": 200, "bleu_limit": 10, "model": TINY}
+    base = {"model": "transformer_tiny", "device": "cpu", "max_updates": 6, "warmup_steps": 2, "lr": 1e-3}
+    return translation_config(**{**base, "extra": extra, **changes})
+
+
+def test_recipe_defaults_follow_the_paper():
+    cfg = translation_config()
+    assert (cfg.optimizer, cfg.betas, cfg.schedule, cfg.label_smoothing) == ("adam", (0.9, 0.98), "inverse_sqrt", 0.1)
+    assert cfg.model == "transformer_iwslt_de_en" and cfg.norm == "fixup" and cfg.task == "translation"
+
+
+def test_loss_at_init_is_uniform_for_fixup(tmp_path):
+    cfg = config(tmp_path)
+    task = create_task(cfg.replace(extra={**cfg.extra}))
+    assert isinstance(task, TranslationTask)
+    model = task.build_model(cfg)
+    batch = next(iter(task.train_batches(0, Shard())))
+    loss, stats = task.loss(model, batch)
+    # Zero logits: every token has probability 1/V, with or without label smoothing.
+    assert loss.item() == pytest.approx(math.log(len(task.data.tgt_vocab)), rel=1e-6)
+    assert stats["n"].item() == batch["tgt_out"].ne(0).sum().item()
+
+
+def test_batches_are_a_function_of_seed_and_epoch(tmp_path):
+    task = TranslationTask(config(tmp_path))
+    first = [b["src"] for b in task.train_batches(0, Shard())]
+    again = [b["src"] for b in task.train_batches(0, Shard())]
+    other = [b["src"] for b in task.train_batches(1, Shard())]
+    assert len(first) == task.steps_per_epoch(Shard())
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, other))
+    halves = [list(task.train_batches(0, Shard(r, 2))) for r in range(2)]
+    assert len(halves[0]) == len(halves[1]) == task.steps_per_epoch(Shard(0, 2))
+
+
+def test_unknown_translation_option_is_refused(tmp_path):
+    cfg = config(tmp_path)
+    with pytest.raises(ValueError, match="unknown translation option"):
+        TranslationTask(cfg.replace(extra={**cfg.extra, "beam_size": 3}))
+
+
+def test_train_evaluate_resume_and_average(tmp_path):
+    cfg = config(tmp_path)
+    steps = 2 * TranslationTask(cfg).steps_per_epoch(Shard()) + 1  # three epochs, the last one short
+    cfg = cfg.replace(keep_checkpoints=2, max_updates=steps)
+    summary = train_and_evaluate(cfg, tmp_path / "run", average_last=2, progress=False)
+    assert summary["outcome"]["status"] == "completed" and summary["updates"] == steps
+    assert len(summary["averaged_checkpoints"]) == 2
+    assert len(list((tmp_path / "run").glob("checkpoint_step*.pt"))) == 2  # three epochs, the oldest pruned
+    assert 0.0 <= summary["bleu"]["bleu"] <= 100.0 and summary["copy_bleu"] < 2.0
+    assert (tmp_path / "run" / "vocab" / "spm.src.model").is_file()
+    assert (tmp_path / "run" / "test.hyp").read_text().count("\n") == 40
+    history = json.loads((tmp_path / "run" / "translation.json").read_text())["final"]
+    assert "test_loss" in history and "valid_bleu" in history
+    # A finished run folder is not trained again: fit returns its result.
+    again = fit(cfg, out_dir=tmp_path / "run", task=TranslationTask(cfg, work_dir=tmp_path / "run"), progress=False)
+    assert again.outcome.step == steps
+
+
+def test_translate_command_and_inspect(tmp_path, capsys):
+    extra = json.dumps({"synthetic_train": 200, "synthetic_eval": 20, "vocab_size": 150, "bleu_limit": 0,
+                        "model": TINY})
+    code = main(["translate", "--out-dir", str(tmp_path / "run"), "--max-updates", "3", "--warmup-steps", "1",
+                 "--device", "cpu", "--no-progress", "--beam", "2", "--extra", extra, "--norm", "layernorm",
+                 "--json", str(tmp_path / "out.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "test BLEU" in out and "copy-the-source BLEU" in out
+    assert json.loads((tmp_path / "out.json").read_text())["norm"] == "layernorm"
+    assert main(["inspect", "transformer_tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "L = 10 residual branches" in out and "L^(-1/6)" in out and "L^(-1/2)" in out
