@@ -29,6 +29,7 @@ def _pyplot() -> Any:
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _mark_nonfinite(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
@@ -37,15 +38,21 @@ def _save(fig: Any, path: str | Path) -> Path:
 
 def _loglog_series(ax: Any, xs: Sequence[float], ys: Sequence[float], label: str) -> None:
     finite = [(a, b) for a, b in zip(xs, ys) if math.isfinite(b) and b > 0]
-    bad = [a for a, b in zip(xs, ys) if not (math.isfinite(b) and b > 0)]
-    n_bad = sum(1 for b in ys if not math.isfinite(b))
+    bad = [a for a, b in zip(xs, ys) if not math.isfinite(b)]
     line = ax.plot([a for a, _ in finite], [b for _, b in finite], "o-", label=label + (
-        f" ({n_bad} inf/nan)" if n_bad else ""))[0]
-    if bad:
-        top = ax.get_ylim()[1] if finite else 1.0
-        ax.plot(bad, [top] * len(bad), "x", color=line.get_color(), markersize=9, clip_on=False)
+        f" ({len(bad)} inf/nan)" if bad else ""))[0]
     ax.set_xscale("log")
     ax.set_yscale("log")
+    if bad:  # marked at the top edge once every series is drawn (see _save)
+        ax._fixup_lab_nonfinite = [*getattr(ax, "_fixup_lab_nonfinite", []), (bad, line.get_color())]
+
+
+def _mark_nonfinite(fig: Any) -> None:
+    for ax in fig.axes:
+        for xs, color in getattr(ax, "_fixup_lab_nonfinite", []):
+            top = ax.get_ylim()[1]
+            ax.plot(xs, [top] * len(xs), "x", color=color, markersize=9, clip_on=False)
+            ax.set_ylim(top=top)
 
 
 def plot_scalar(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
