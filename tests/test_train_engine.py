@@ -164,6 +164,16 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch) -> None:
         fit(TrainConfig(**SMALL, tensorboard=True), out_dir=tmp_path, progress=False)
 
 
+def test_activation_checkpointing_trains_the_same_model() -> None:
+    cfg = TrainConfig(**{**SMALL, "depth": 14, "epochs": 1})
+    plain = fit(cfg, progress=False)
+    segmented = fit(cfg.replace(checkpoint_segments=3), progress=False)
+    assert type(segmented.model.layer1).__name__ == "CheckpointedSequential"
+    a, b = _weights(plain.model), _weights(segmented.model)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # recomputation is exact on CPU
+
+
 def test_bf16_autocast_trains() -> None:
     result = fit(TrainConfig(**{**SMALL, "epochs": 1}, precision="bf16"), progress=False)
     assert result.outcome.status == "completed" and math.isfinite(result.final["train_loss"])

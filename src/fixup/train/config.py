@@ -74,6 +74,7 @@ class TrainConfig:
     max_loss: float = 0.0  # a training loss above this counts as divergence (0 = only non-finite losses)
     seed: int = 0  # seed of initialisation, data order, augmentation and dropout
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
+    checkpoint_segments: int = 0  # activation checkpointing: recompute residual stages in this many segments (0 = off)
     sync_bn: bool = False  # convert BatchNorm to SyncBatchNorm under torchrun (BatchNorm baseline only)
     # --- output -----------------------------------------------------------------------------------
     eval_every: int = 1  # evaluate on the test set every this many epochs (and after the last)
@@ -119,7 +120,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         nonneg = ("lr", "weight_decay", "grad_clip", "warmup_steps", "max_updates", "max_loss", "mixup_alpha",
                   "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width",
-                  "keep_checkpoints")
+                  "keep_checkpoints", "checkpoint_segments")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -125,6 +125,10 @@ class _Run:
         model = self.task.build_model(config)
         model.to(runtime.device)
         _data_init(model, self.task, config, runtime.device)
+        if config.checkpoint_segments:  # keep activations of segment inputs only; recompute the rest in backward
+            from ..checkpointing import enable_checkpointing
+
+            enable_checkpointing(model, config.checkpoint_segments)
         self.net = D.wrap_model(model, runtime, config.sync_bn)
         self.model = self.net.module if runtime.distributed else self.net
         self.optimizer, self.groups = build_optimizer(self.model, config)
