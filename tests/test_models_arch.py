@@ -31,7 +31,12 @@ def test_every_registered_image_model_is_covered() -> None:
     assert image == set(IMAGE_MODELS)
 
 
-@pytest.mark.parametrize("name", sorted(IMAGE_MODELS))
+# The largest take seconds each on a CPU; the same classes run in the default suite at smaller sizes.
+LARGE = {"resnet101", "resnet152", "wrn40_10", "resnet1202"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n
+                                  for n in sorted(IMAGE_MODELS)])
 def test_every_registered_image_model_runs_forward_and_backward(name: str) -> None:
     model = fixup.create_model(name, num_classes=7)
     size = IMAGE_MODELS[name]
