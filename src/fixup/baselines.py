@@ -340,7 +340,7 @@ def data_init_(model: nn.Module, batch: torch.Tensor | tuple | list, **lsuv_kwar
         layers = dict(_named_weight_layers(target))
         for rec in report.other_layers:  # the weights' spread after rescaling
             if rec.name in layers and layers[rec.name].weight.numel() > 1:
-                rec.std = float(layers[rec.name].weight.std())
+                rec.std = float(layers[rec.name].weight.detach().std())
         report.warnings.extend(f"LSUV: {r.name} did not reach unit output variance ({r.variance:.4g})"
                                for r in records if not r.converged)
     return records
