@@ -231,3 +231,18 @@ def test_he_std_fan_conventions() -> None:
     assert he_std(w, "fan_in") == pytest.approx(math.sqrt(2 / (16 * 9)))
     with pytest.raises(ValueError, match="fan_in"):
         he_std(w, "fan_avg")
+
+
+def test_identity_shortcut_carries_the_unshifted_input() -> None:
+    """Only subsampling/projection shortcuts see x + b1a; the identity path carries no bias (reference code)."""
+    model = fixup.create_model("resnet_cifar", depth=14, shortcut="B").eval()
+    for block in _blocks(model):
+        with torch.no_grad():
+            block.bias1a.bias.fill_(0.5)
+    x = torch.rand(2, 16, 8, 8)
+    block = model.layer1[0]  # identity shortcut; the branch is zero at init
+    assert torch.equal(block(x), x)
+    block = model.layer2[0]  # the projection shortcut sees x + 0.5
+    with torch.no_grad():
+        expected = torch.relu(block.projection(x + 0.5))
+    torch.testing.assert_close(block(x), expected)

@@ -30,7 +30,8 @@ def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:
     out = F.relu(F.conv2d(xa, block.conv1.weight, None, block.conv1.stride, 1) + block.bias1b.bias)
     out = F.conv2d(out + block.bias2a.bias, block.conv2.weight, None, 1, 1)
     out = out * block.scale.scale + block.bias2b.bias
-    return F.relu(block.shortcut(xa) + out)
+    shortcut = x if isinstance(block.shortcut, torch.nn.Identity) else block.shortcut(xa)  # identity carries x
+    return F.relu(shortcut + out)
 
 
 def _reference(model: CifarResNet, x: torch.Tensor) -> torch.Tensor:

@@ -155,13 +155,13 @@ def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
     """A :class:`fixup.models.resnet_cifar.BasicBlock`'s forward, keeping no tensor for its scalars.
 
     ``relu(c * (shortcut(x + b1a) + scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b))`` where
-    absent scalars are skipped and ``c`` is the block's ``output_scale``. Call only where
-    :func:`can_run_lean` holds.
+    absent scalars are skipped, an identity shortcut carries ``x`` itself and ``c`` is the block's
+    ``output_scale``. Call only where :func:`can_run_lean` holds.
     """
     b1a, b1b, b2a, b2b = (_value(m) for m in (block.bias1a, block.bias1b, block.bias2a, block.bias2b))
     out = lean_conv2d(x, block.conv1, shift=b1a, bias=b1b).relu_()
     post = b2b
-    if b1a is not None:
+    if b1a is not None and not isinstance(block.shortcut, nn.Identity):
         # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear (can_run_lean), so its
         # response to the scalar is that of a single constant image, added with the branch's last bias.
         response = block.shortcut(b1a.expand(1, *x.shape[1:]))

@@ -38,8 +38,10 @@ class ZeroPadShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions on the branch; ``relu(shortcut(x) + F(x))``.
 
-    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``, the shortcut taking
-    ``x + b1a`` (as the paper's reference code). Normalised forms put the norm after each convolution;
+    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. An identity shortcut
+    carries ``x`` unchanged; a subsampling or projection shortcut takes ``x + b1a`` (as the authors'
+    reference code). Adding ``b1a`` to the identity path too would put L biases on the residual
+    stream, whose updates add up with depth. Normalised forms put the norm after each convolution;
     ``norm="none"`` is the bare network. ``biases``/``scale`` (default: ``norm == "fixup"``) switch the
     scalars for the ablations; ``output_scale`` multiplies ``shortcut(x) + F(x)`` (1/sqrt(2) baseline).
     The ImageNet ResNet-18/34 use this block with shortcut "B" (torchvision's BasicBlock).
@@ -87,10 +89,12 @@ class BasicBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.lean and can_run_lean(self):
             return basic_block_lean_forward(self, x)
-        x = self.bias1a(x)
-        out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
+        shifted = self.bias1a(x)
+        out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
         out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))
-        out = residual_add(self.shortcut(x), out, self.block_name)
+        # An identity shortcut carries x itself; a subsampling or projection shortcut sees x + b1a.
+        shortcut = x if isinstance(self.shortcut, nn.Identity) else self.shortcut(shifted)
+        out = residual_add(shortcut, out, self.block_name)
         if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
             out = out * self.output_scale
         return self.relu(out)

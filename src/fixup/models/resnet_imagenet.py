@@ -14,7 +14,7 @@ scalar multiplier and a bias, and the projection shortcut takes the branch's bia
     out = relu(conv1(x + b1a) + b1b)
     out = relu(conv2(out + b2a) + b2b)                 # 3x3, carries the stride
     out = scale * conv3(out + b3a) + b3b               # conv3 zeroed
-    y   = relu(shortcut(x + b1a) + out)
+    y   = relu(shortcut(x + b1a) + out)      (an identity shortcut carries x itself)
 
 Basic blocks (m = 2, factor L^-1/2) are :class:`fixup.models.resnet_cifar.BasicBlock` with its 1x1
 projection shortcut ("B"), which is torchvision's BasicBlock. The stem is ``relu(conv1(x) + b)``, the
@@ -95,11 +95,13 @@ class Bottleneck(nn.Module):
         return self.norm3
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.bias1a(x)
-        out = self.relu(self.bias1b(self.norm1(self.conv1(x))))
+        shifted = self.bias1a(x)
+        out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
         out = self.relu(self.bias2b(self.norm2(self.conv2(self.bias2a(out)))))
         out = self.bias3b(self.scale(self.norm3(self.conv3(self.bias3a(out)))))
-        out = residual_add(self.shortcut(x), out, self.block_name)
+        # An identity shortcut carries x itself; a projection shortcut sees x + b1a (reference code).
+        shortcut = x if isinstance(self.shortcut, nn.Identity) else self.shortcut(shifted)
+        out = residual_add(shortcut, out, self.block_name)
         if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
             out = out * self.output_scale
         return self.relu(out)
