@@ -113,6 +113,10 @@ def test_run_log_lists_groups(tmp_path) -> None:
     assert set(names) == {"weights", "scalars"} and "layer1.0.scale.scale" in names["scalars"]["params"]
     assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,lr")
     assert TrainConfig.from_dict(json.loads((tmp_path / "config.json").read_text())).depth == 8
+    # The saved config is a starting point for the command line; given options override it.
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "config.json"), "--lr", "0.3"])
+    cfg = config_from_args(args)
+    assert (cfg.depth, cfg.batch_size, cfg.lr) == (8, 128, 0.3)
 
 
 def test_schedules() -> None:

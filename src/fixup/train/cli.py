@@ -84,8 +84,11 @@ def _train(args: argparse.Namespace) -> int:
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith(("train_", "test_")))
     print(f"{outcome.status} after {len(result.history)} epoch(s), {outcome.step} steps" +
           (f": {metrics}" if metrics else "") + (f"\n{outcome.reason}" if outcome.reason else ""))
+    groups = "; ".join(f"{g['name']}: {g['count']} tensors, lr {g['lr']:g}, weight decay {g['weight_decay']:g}"
+                       for g in result.param_groups)
+    print(f"parameter groups: {groups}")
     if args.out_dir:
-        print(f"run folder: {args.out_dir}")
+        print(f"run folder: {args.out_dir} (parameters of each group in run.json)")
     if args.json:
         write_json(args.json, result.to_dict())
     return result.exit_code
