@@ -46,6 +46,13 @@ def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _inspect(args: argparse.Namespace) -> int:
     from .models import create_model
 
+    if args.adapt:
+        from .adapt._cli import run
+
+        return run(args)
+    if args.model is None:
+        raise ValueError("give a registered model name (see `fixup list`) or --adapt module:factory")
+
     model = create_model(args.model, **_model_kwargs(args))
     report = model.init_report
     params = sum(p.numel() for p in model.parameters())
@@ -62,7 +69,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="build a model and print its initialisation accounting report")
-    p.add_argument("model", help="a registered model name (see `fixup list`)")
+    p.add_argument("model", nargs="?", help="a registered model name (see `fixup list`)")
     p.add_argument("--norm", default="fixup", help="fixup (default), batchnorm, groupnorm, layernorm or none")
     p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm)")
     p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
@@ -70,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="list every branch")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    importlib.import_module("fixup.adapt._cli").add_arguments(p)
     p.set_defaults(func=_inspect)
     p = sub.add_parser("list", help="list registered models")
     p.add_argument("pattern", nargs="?", default="*")

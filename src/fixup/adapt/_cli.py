@@ -1,0 +1,94 @@
+"""``fixup inspect --adapt module:factory``: adapt a user's model from the command line and print the report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["example_inputs", "load_factory", "run"]
+
+
+def load_factory(spec: str) -> Any:
+    """The callable named by ``module:factory`` (a dotted module importable from the current directory)
+    or ``path/to/file.py:factory``."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--adapt expects module:factory (e.g. mymodels:resnet50 or models.py:build), got {spec!r}")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise FileNotFoundError(f"--adapt {spec}: no file {path}")
+        loader = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
+        loader.loader.exec_module(module)  # type: ignore[union-attr]
+    else:
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            raise ValueError(f"--adapt {spec}: cannot import {module_name!r} ({err}); run from the directory "
+                             "that holds it or give a file path, path/to/file.py:factory") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"--adapt {spec}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def example_inputs(shapes: list[str], tokens: int) -> tuple[Tensor, ...]:
+    """Random inputs of the given comma-separated shapes: normal floats, or token ids in [1, tokens)."""
+    inputs = []
+    for text in shapes:
+        try:
+            shape = [int(s) for s in text.split(",")]
+        except ValueError as err:
+            raise ValueError(f"--input-shape expects comma-separated sizes such as 2,3,32,32, got {text!r}") from err
+        inputs.append(torch.randint(1, tokens, shape) if tokens else torch.randn(shape))
+    return tuple(inputs)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the model the factory returns, adapt it and print (and optionally save) the report.
+
+    The factory returns a model, or ``(model, example_input)``; without an example input from the
+    factory, ``--input-shape`` gives one.
+    """
+    from ..cli import write_json
+    from . import adapt
+
+    made = load_factory(args.adapt)()
+    model, example = made if isinstance(made, tuple) else (made, None)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--adapt {args.adapt}: the factory returned {type(model).__name__}, not an nn.Module "
+                         "(or a (model, example_input) pair)")
+    if args.input_shape:
+        example = example_inputs(args.input_shape, args.token_inputs)
+    if example is None:
+        raise ValueError(f"--adapt {args.adapt}: give the example input's shape with --input-shape (e.g. "
+                         "--input-shape 2,3,224,224), or let the factory return (model, example_input)")
+    adapted, report = adapt(model, example, strict=not args.lenient)
+    params = sum(p.numel() for p in adapted.parameters())
+    print(f"{args.adapt} adapted to Fixup: {params:,} parameters")
+    print(report.format(max_branches=len(report.branches) if args.verbose else 12))
+    if args.json:
+        write_json(args.json, {"adapt": args.adapt, "parameters": params, "report": report.to_dict()})
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``inspect`` options of this mode."""
+    p.add_argument("--adapt", metavar="MODULE:FACTORY", default=None,
+                   help="adapt a model written elsewhere: the factory returns a model (or model, example input)")
+    p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                   help="with --adapt: the example input's shape, e.g. 2,3,32,32 (repeat for several inputs)")
+    p.add_argument("--token-inputs", type=int, default=0, metavar="VOCAB",
+                   help="with --adapt: example inputs are token ids below VOCAB instead of normal floats")
+    p.add_argument("--lenient", action="store_true",
+                   help="with --adapt: leave out residual sums it cannot attribute (warnings) instead of failing")

@@ -1,0 +1,67 @@
+"""``fixup inspect --adapt module:factory``: adapt a user's model from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fixup.cli import main
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(16), nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+def build():
+    return nn.Sequential(nn.Linear(4, 16), Block(), Block(), nn.Linear(16, 3))
+
+
+def build_with_input():
+    return build(), torch.randn(2, 4)
+'''
+
+
+@pytest.fixture
+def factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "user_models.py"
+    path.write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def test_adapt_a_factory_by_module_name(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = factory.parent / "report.json"
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "user_models:build adapted to Fixup" in text and "L = 2 residual branches" in text
+    report = json.loads(out.read_text())["report"]
+    assert [b["zeroed"]["name"] for b in report["branches"]] == ["1.fc2", "2.fc2"]
+    assert [c["name"] for c in report["classifier"]] == ["3"]
+    assert [n["action"] for n in report["norms_replaced"]] == ["removed", "removed"]
+
+
+def test_a_factory_file_may_return_its_example_input(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--adapt", f"{factory}:build_with_input"]) == 0
+    assert "m=2" in capsys.readouterr().out
+
+
+def test_errors_say_what_to_give(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--adapt", "user_models:build"]) == 2
+    assert "--input-shape" in capsys.readouterr().err
+    assert main(["inspect", "--adapt", "user_models"]) == 2
+    assert "module:factory" in capsys.readouterr().err
+    assert main(["inspect", "--adapt", "no_such_module:build", "--input-shape", "2,4"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
+    assert main(["inspect"]) == 2
+    assert "registered model name" in capsys.readouterr().err
