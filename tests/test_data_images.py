@@ -58,6 +58,12 @@ def test_cifar10_folder_and_archive(tmp_path) -> None:
     x, _ = data.train.batch(torch.tensor([0]))
     # Rows are 1024 red, 1024 green, 1024 blue values, each 32 rows of 32 pixels.
     assert torch.allclose(x[0], torch.from_numpy(first[0].reshape(3, 32, 32)).float() / 255)
+    assert load_images("cifar10", data_dir=tmp_path / "x").train.images is data.train.images  # cached
+    batch, _ = _cifar_batch(4, b"labels", 10, seed=99)
+    (tmp_path / "x" / "cifar-10-batches-py" / "data_batch_1").write_bytes(pickle.dumps(batch))
+    changed = load_images("cifar10", data_dir=tmp_path / "x")
+    assert torch.equal(changed.train.images[0].flatten(), torch.from_numpy(batch[b"data"][0]))
+    data = load_images("cifar10", data_dir=tmp_path / "x")
     archive = tmp_path / "cifar-10-python.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(tmp_path / "x" / "cifar-10-batches-py", arcname="cifar-10-batches-py")

@@ -13,6 +13,7 @@ Every failure names the path and the layout that was expected.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import tarfile
@@ -94,7 +95,22 @@ def _cifar_files(path: Path, name: str) -> dict[str, bytes]:
 
 
 def read_cifar(path: Path, name: str) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], list[str]]:
-    """``((train_images, train_labels), (test_images, test_labels), classes)``; images uint8 (N, 3, 32, 32)."""
+    """``((train_images, train_labels), (test_images, test_labels), classes)``; images uint8 (N, 3, 32, 32).
+
+    The last set read stays cached (studies train many times on one set); a changed file is read again.
+    """
+    return _read_cifar_cached(path.resolve(), name, _stamp(path))
+
+
+def _stamp(path: Path) -> tuple:
+    """Names, sizes and modification times of ``path`` or of the files up to two levels under it."""
+    files = [path] if path.is_file() else [f for f in (*path.glob("*"), *path.glob("*/*")) if f.is_file()]
+    return tuple(sorted((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+@functools.lru_cache(maxsize=1)
+def _read_cifar_cached(path: Path, name: str, _stamp: tuple) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor],
+                                                                     list[str]]:
     _, train, test, key, num_classes = _CIFAR[name]
     raw = _cifar_files(path, name)
 

@@ -57,13 +57,18 @@ class StepInfo:
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[list[str]]:
-    """Turn SIGINT/SIGTERM into a request (the returned list gets the signal's name) while inside."""
+    """Turn SIGINT/SIGTERM into a request (the returned list gets the signal's name) while inside.
+
+    The run stops cleanly after the current step; a second signal aborts at once (KeyboardInterrupt).
+    """
     requested: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield requested
         return
 
     def handler(signum: int, _frame: Any) -> None:
+        if requested:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
         requested.append(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -129,6 +134,8 @@ class _Run:
             from ..checkpointing import enable_checkpointing
 
             enable_checkpointing(model, config.checkpoint_segments)
+        if runtime.distributed:  # the same model everywhere (DDP broadcasts it), independent dropout per process
+            torch.manual_seed(config.seed + 1_000_003 * runtime.shard.rank)
         self.net = D.wrap_model(model, runtime, config.sync_bn)
         self.model = self.net.module if runtime.distributed else self.net
         self.optimizer, self.groups = build_optimizer(self.model, config)
