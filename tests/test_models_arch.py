@@ -158,3 +158,21 @@ def test_residual_shape_mismatch_names_the_block_in_every_family() -> None:
     net.layer3[0].shortcut = nn.Identity()
     with pytest.raises(ValueError, match=r"layer3\.0: residual branch output has shape \(1, 128, 2, 2\)"):
         net(torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize(("name", "kwargs", "size"), [("resnet_cifar", {"depth": 8, "shortcut": "B"}, 8),
+                                                      ("wide_resnet", {"depth": 16, "width": 2}, 8),
+                                                      ("resnet_imagenet_tiny", {}, 32),
+                                                      ("resnet_imagenet_bottleneck_tiny", {}, 32)])
+@pytest.mark.parametrize("norm", ["batchnorm", "groupnorm"])
+def test_zeroing_the_last_norm_gain_makes_every_normalised_branch_zero(name, kwargs, size, norm) -> None:
+    model = fixup.create_model(name, norm=norm, zero_init_last_norm=True, **kwargs)  # training mode
+    blocks = [m for m in model.modules() if hasattr(m, "last_norm")]
+    assert len(model.init_report.zeroed) == len(blocks) > 0
+    io: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = [b.register_forward_hook(lambda m, a, y: io.append((a[0].clone(), y.clone())) and None) for b in blocks]
+    model(torch.randn(4, 3, size, size))
+    for h in hooks:
+        h.remove()
+    same = [(x, y) for x, y in io if x.shape == y.shape]
+    assert same and all(torch.equal(x, y) for x, y in same)
