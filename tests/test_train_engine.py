@@ -77,6 +77,8 @@ def test_too_high_lr_is_a_recorded_divergence(tmp_path) -> None:
     assert result.outcome.step < 3 * 23
     assert result.exit_code == 3
     assert (tmp_path / "result.json").exists()
+    again = fit(TrainConfig(**SMALL, lr=1e4), out_dir=tmp_path, progress=False)  # a study re-running the cell
+    assert again.outcome == "diverged" and again.outcome.step == result.outcome.step
 
 
 def test_loss_bound_is_divergence_and_cli_exit_code(tmp_path) -> None:
