@@ -64,3 +64,22 @@ def test_cli_bench_writes_json(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert [r["variant"] for r in data["rows"]] == ["none", "fixup"]
     assert "step ms" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch: ~10-20 s on a busy machine
+def test_deep_case_runs_in_a_fresh_process_and_reports_its_peak():
+    from fixup.bench_deep import DeepCase, auto_segments, run_case_in_subprocess
+
+    assert auto_segments(9998) == 71  # sqrt(4998 blocks)
+    row = run_case_in_subprocess(DeepCase(depth=14, batch=2, segments=2, steps=2, image_size=8), timeout_s=120)
+    assert "error" not in row, row
+    assert row["segments"] == 2 and len(row["step_s"]) == 2
+    assert row["peak_rss_bytes"] > 50 * 2**20  # an interpreter with torch loaded
+    assert row["parameters"] == sum(p.numel() for p in build_variant("fixup", 14).parameters())
+
+
+def test_deep_sweep_refuses_depths_that_are_not_6n_plus_2():
+    from fixup.bench_deep import sweep
+
+    with pytest.raises(ValueError, match="6n\\+2"):
+        sweep([10000])

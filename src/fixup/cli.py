@@ -18,7 +18,7 @@ __all__ = ["main", "write_json"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
 _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
-                              "fixup.bench", "fixup.lab.cli")
+                              "fixup.bench", "fixup.lab.cli", "fixup.bench_deep")
 
 
 def write_json(path: str | Path, data: Any) -> None:
