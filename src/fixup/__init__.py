@@ -9,6 +9,8 @@
 
 from .adapt import AdaptError, AdaptReport, adapt
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
+from .checkpointing import enable_checkpointing
+from .fold import fold_for_inference
 from .init import branch_scale, fixup_init_
 from .models import create_model, list_models, register_model
 from .nn import Bias, Scale, residual_add
@@ -29,7 +31,9 @@ __all__ = [
     "adapt",
     "branch_scale",
     "create_model",
+    "enable_checkpointing",
     "fixup_init_",
+    "fold_for_inference",
     "list_models",
     "register_model",
     "residual_add",

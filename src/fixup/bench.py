@@ -221,7 +221,7 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
 
 def format_table(result: dict[str, Any]) -> str:
     """The rows as a plain-text table with ratios to the floor."""
-    head = (f"{'depth':>5} {'format':<8} {'variant':<12} {'step ms (min-max)':>22} {'step x':>10} "
+    head = (f"{'depth':>5} {'format':<8} {'variant':<12} {'step ms (min-max)':>22} {'step x (min-max)':>19} "
             f"{'fwd img/s':>10} {'fwd x':>6} {'peak MiB':>9} {'mem x':>6}")
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
@@ -231,7 +231,7 @@ def format_table(result: dict[str, Any]) -> str:
             mem = f"{r['peak_bytes'] / 2**20:9.1f} {r['peak_ratio']:6.2f}"
         lines.append(f"{r['depth']:>5} {r['format']:<8} {r['variant']:<12} "
                      f"{s['median']:>8.1f} ({s['min']:.0f}-{s['max']:.0f}) "
-                     f"{sr['median']:>10.3f} {r['forward_images_per_s']:>10.0f} "
+                     f"{sr['median']:>6.3f} ({sr['min']:.2f}-{sr['max']:.2f}) {r['forward_images_per_s']:>10.0f} "
                      f"{r['forward_ratio']['median']:>6.3f} {mem}")
     env = result["environment"]
     lines.append(f"torch {env['torch']} on {env['device']} ({env['threads']} threads); "

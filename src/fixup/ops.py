@@ -122,33 +122,44 @@ def _hooked(module: nn.Module) -> bool:
                 or module._backward_pre_hooks)
 
 
-def _linear_shortcut(shortcut: nn.Module) -> bool:
-    from .models.resnet_cifar import ZeroPadShortcut
+_ZERO_PAD: list[type] = []  # ZeroPadShortcut, imported on first use (the models import this module)
 
-    return all(isinstance(m, (nn.Identity, nn.Sequential, ZeroPadShortcut))
-               or (type(m) is nn.Conv2d and m.bias is None) for m in shortcut.modules())
+
+def _linear_shortcut(shortcut: nn.Module) -> bool:
+    """Identity, subsample-and-pad, or a Sequential of bias-free convolutions and identities; no hooks."""
+    if not _ZERO_PAD:
+        from .models.resnet_cifar import ZeroPadShortcut
+
+        _ZERO_PAD.append(ZeroPadShortcut)
+    parts = list(shortcut) if type(shortcut) is nn.Sequential else [shortcut]
+    return all(not _hooked(m) and (type(m) in (nn.Identity, _ZERO_PAD[0])
+                                   or (type(m) is nn.Conv2d and m.bias is None)) for m in parts)
+
+
+def _plain_conv(conv: nn.Module) -> bool:
+    return (type(conv) is nn.Conv2d and conv.groups == 1 and conv.padding_mode == "zeros"
+            and not isinstance(conv.padding, str))
 
 
 def can_run_lean(block: nn.Module) -> bool:
     """Whether :func:`basic_block_lean_forward` computes exactly what ``block``'s modules would.
 
     It does where the block has no normalisation layer, its shortcut is linear (identity,
-    subsample-and-pad, a bias-free 1x1 projection), its convolutions have zero padding and one group,
-    and nothing observes its inner modules: a forward hook (LSUV, the lab's probes) must see every
-    module called as written, so with hooks on the block's submodules, or global module hooks, the
-    block runs its straightforward path.
+    subsample-and-pad, a bias-free 1x1 projection), its convolutions are plain ``nn.Conv2d`` with zero
+    padding and one group, and nothing observes its inner modules: a forward hook (LSUV, the lab's
+    probes) must see every module called as written, so with hooks on the block's submodules, or
+    global module hooks, the block runs its straightforward path. Checked at every call (cheaply).
     """
-    if not (isinstance(block.norm1, nn.Identity) and isinstance(block.norm2, nn.Identity)):
+    if type(block.norm1) is not nn.Identity or type(block.norm2) is not nn.Identity:
         return False
     if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
             or _module._global_backward_pre_hooks):
         return False
-    for name, sub in block.named_modules():
-        if name and _hooked(sub):
-            return False
-    convs_ok = all(c.groups == 1 and c.padding_mode == "zeros" and not isinstance(c.padding, str)
-                   for c in (block.conv1, block.conv2))
-    return convs_ok and _linear_shortcut(block.shortcut)
+    inner = (block.conv1, block.conv2, block.bias1a, block.bias1b, block.bias2a, block.bias2b, block.scale,
+             block.relu, block.norm1, block.norm2, block.shortcut)
+    if any(_hooked(m) for m in inner):
+        return False
+    return _plain_conv(block.conv1) and _plain_conv(block.conv2) and _linear_shortcut(block.shortcut)
 
 
 def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
@@ -164,7 +175,8 @@ def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
     if b1a is not None and not isinstance(block.shortcut, nn.Identity):
         # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear (can_run_lean), so its
         # response to the scalar is that of a single constant image, added with the branch's last bias.
-        response = block.shortcut(b1a.expand(1, *x.shape[1:]))
+        identity = type(block.shortcut) is nn.Identity
+        response = b1a if identity else block.shortcut(b1a.expand(1, *x.shape[1:]))
         post = response if post is None else response + post
     shortcut = block.shortcut(x)
     # Check the residual shapes before the shortcut's response joins conv2's output map.
