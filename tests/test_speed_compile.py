@@ -20,21 +20,44 @@ def _cifar(**kw) -> tuple[nn.Module, Inputs]:
     return create_model("resnet_cifar", depth=8, **kw), (torch.randn(2, 3, 8, 8),)
 
 
+def _imagenet(**kw) -> tuple[nn.Module, Inputs]:
+    return create_model("resnet_imagenet_tiny", **kw), (torch.randn(2, 3, 32, 32),)
+
+
+def _bottleneck(**kw) -> tuple[nn.Module, Inputs]:
+    return create_model("resnet_imagenet_bottleneck_tiny", **kw), (torch.randn(2, 3, 32, 32),)
+
+
+def _wide(**kw) -> tuple[nn.Module, Inputs]:
+    return create_model("wide_resnet", depth=10, width=1, **kw), (torch.randn(2, 3, 8, 8),)
+
+
 def _transformer(**kw) -> tuple[nn.Module, Inputs]:
     model = create_model("transformer_tiny", dropout=0.0, **kw)
     return model, (torch.randint(4, 100, (2, 5)), torch.randint(4, 100, (2, 6)))
 
 
-# A small instance of each registered family (same classes, small sizes). A new family needs a line here.
-_SMALL: dict[str, Callable[..., tuple[nn.Module, Inputs]]] = {"resnet": _cifar, "transformer": _transformer}
+# A small instance of each registered family (same classes, small sizes), with the names it stands for.
+# A newly registered model needs its family named here.
+_SMALL: dict[str, Callable[..., tuple[nn.Module, Inputs]]] = {
+    "cifar": _cifar, "imagenet": _imagenet, "bottleneck": _bottleneck, "wide": _wide, "transformer": _transformer,
+}
+_NAMES = {
+    "cifar": {"resnet_cifar", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet1202"},
+    "imagenet": {"resnet_imagenet", "resnet18", "resnet34", "resnet_imagenet_tiny"},
+    "bottleneck": {"resnet50", "resnet101", "resnet152", "resnet_imagenet_bottleneck_tiny"},
+    "wide": {"wide_resnet", "wrn28_10", "wrn40_10"},
+    "transformer": {"transformer_tiny", "transformer_iwslt_de_en"},
+}
 
 
 def _family(name: str) -> str:
-    for prefix in _SMALL:
-        if name.startswith(prefix):
-            return prefix
+    for family, names in _NAMES.items():
+        if name in names:
+            return family
     raise AssertionError(f"registered model {name!r} has no small configuration in tests/test_speed_compile.py; "
-                         "add one to _SMALL so that its torch.compile capture is tested")
+                         "name its family in _NAMES (or add one to _SMALL) so that its torch.compile capture "
+                         "is tested")
 
 
 def _breaks(model: nn.Module, inputs: Inputs) -> list:
@@ -54,8 +77,9 @@ def test_cifar_resnet_compiles_without_graph_breaks(norm, lean):
     assert _breaks(set_lean(model, lean), inputs) == []
 
 
-def test_transformer_compiles_without_graph_breaks():
-    assert _breaks(*_transformer()) == []
+@pytest.mark.parametrize("family", ["imagenet", "bottleneck", "wide", "transformer"])
+def test_other_families_compile_without_graph_breaks(family):
+    assert _breaks(*_SMALL[family]()) == []
 
 
 def test_checkpointed_model_compiles_without_graph_breaks():
