@@ -403,3 +403,29 @@ def test_positional_embedding_sum_is_not_a_residual_branch() -> None:
     _, report = adapt(Embed(), torch.randn(2, 5, 8))
     assert report.num_branches == 1 and report.branches[0].zeroed.name == "g"
     assert Bias  # the scalar type the adapted model uses
+
+
+class ModeDependent(nn.Module):
+    """Stochastic depth written with a Python branch on ``self.training``, and functional dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.g, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.g(nn.functional.dropout(torch.relu(self.f(x)), 0.5, self.training))
+        if self.training:
+            h = h * (torch.rand_like(h[:, :1]) < 0.9)
+        return self.head(x + h)
+
+
+def test_train_eval_dependence_is_reported_and_functional_dropout_follows_the_mode() -> None:
+    model, report = adapt(ModeDependent(), torch.randn(4, 8))
+    assert any("different graph in eval mode" in w for w in report.warnings)
+    dropout = [m for m in model.modules() if isinstance(m, nn.Dropout)]
+    assert len(dropout) == 1 and dropout[0].p == 0.5  # F.dropout(..., self.training) became a module
+    model.eval()
+    x = torch.randn(4, 8)
+    assert torch.equal(model(x), model(x))
+    _, quiet = adapt(SkipMLP(), torch.randn(2, 64))
+    assert not any("different graph" in w for w in quiet.warnings)

@@ -23,7 +23,11 @@ from torch import fx, nn
 from ..branch import WEIGHT_LAYERS
 from . import _trace as T
 
-__all__ = ["Analysis", "Problem", "Residual", "analyse"]
+__all__ = ["AdaptError", "Analysis", "Problem", "Residual", "analyse"]
+
+
+class AdaptError(ValueError):
+    """The model has a structure ``adapt`` cannot account for without miscounting."""
 
 
 @dataclass
@@ -192,7 +196,8 @@ class _Analyser:
         for n in sorted(res.data, key=self.anc.index.__getitem__):
             if self.anc.index[n] <= self.anc.index[last]:
                 continue
-            ok = self.anc.has(n, last) and (T.is_passthrough(n, self.modules) or self._is_gate_mul(n))
+            ok = self.anc.has(n, last) and (T.is_passthrough(n, self.modules) or self._is_gate_mul(n)
+                                            or self._is_outside_factor_mul(n, res.data))
             ok = ok and all(self.anc.has(p, last) for p in T.data_inputs(n) if p in res.data)
             if not ok:
                 self.problems.append(Problem(res.add.name, (
@@ -201,6 +206,12 @@ class _Analyser:
                     "last operation to be a weight layer (normalisation, dropout and reshapes may follow)")))
                 return False
         return True
+
+    def _is_outside_factor_mul(self, node: fx.Node, data: set[fx.Node]) -> bool:
+        """A product with a factor that does not depend on the branch (a stochastic-depth mask)."""
+        inputs = T.data_inputs(node)
+        return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
+            sum(p in data for p in inputs) == 1
 
     def _is_gate_mul(self, node: fx.Node) -> bool:
         inputs = T.data_inputs(node)

@@ -57,6 +57,9 @@ _PASSTHROUGH_MODULES: tuple[type[nn.Module], ...] = (
     Bias, Scale,
 )
 _META_NAMES = {"size", "dim", "numel", "ndimension", "shape", "ndim", "device", "dtype", "len"}
+# Functions of a tensor's shape and type only (``torch.rand_like(x)`` does not depend on x's values).
+_LIKE_NAMES = {"rand_like", "randn_like", "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros",
+               "new_ones", "new_empty", "new_full"}
 _ADDS = {operator.add, operator.iadd, torch.add, residual_add}
 
 
@@ -97,7 +100,9 @@ def is_gate(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
 
 def is_meta(node: fx.Node) -> bool:
     """Reads a tensor's shape, device or type: a dependency on metadata, not on values."""
-    if node.op == "call_method" and _name(node) in _META_NAMES:
+    if node.op == "call_method" and _name(node) in _META_NAMES | _LIKE_NAMES:
+        return True
+    if node.op == "call_function" and _name(node) in _LIKE_NAMES:
         return True
     if node.op == "call_function" and node.target in (getattr, len):
         return node.target is len or (len(node.args) > 1 and node.args[1] in _META_NAMES)
