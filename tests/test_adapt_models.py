@@ -98,3 +98,10 @@ def test_cifar_resnet_with_projection_shortcuts() -> None:
                       torch.randn(2, 3, 8, 8))
     assert accounting(report) == accounting(native.init_report)
     assert [r.shortcut for r in report.residuals].count("projection") == 2
+
+
+def test_groupnorm_form_gives_the_same_accounting() -> None:
+    native = fixup.create_model("resnet20", norm="fixup")
+    _, report = adapt(fixup.create_model("resnet20", norm="groupnorm"), torch.randn(2, 3, 8, 8))
+    assert accounting(report) == accounting(native.init_report)
+    assert {n.type for n in report.norms_replaced} == {"GroupNorm"} and not report.normalization

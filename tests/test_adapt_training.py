@@ -9,6 +9,7 @@ torchvision-style ResNet (BasicBlock, projection shortcuts) and a classifier bui
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -78,3 +79,61 @@ def test_adapted_transformer_classifier_trains_at_the_batchnorm_learning_rate() 
     accuracy, losses = _train(model, (8, 8), epochs=8)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert accuracy >= 0.8, f"adapted Transformer classifier reached only {accuracy:.3f} test accuracy"
+
+
+def _without_norms(model: nn.Module) -> nn.Module:
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, (nn.BatchNorm2d, nn.LayerNorm)):
+                setattr(module, name, nn.Identity())
+    return model
+
+
+def _resnet(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    net = ResNet(BasicBlock, [1, 1, 1], width=16, in_channels=1, small_input=True)
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    return net
+
+
+def _transformer(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return RowTransformer()
+
+
+@pytest.mark.slow
+def test_digits_accuracy_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """The figures of docs/adapt.md: Fixup-adapted vs normalised vs bare, 3 seeds each, printed (-s)."""
+    rows = {}
+    for label, build, shape, epochs in (("ResNet", _resnet, (1, 8, 8), 4), ("Transformer", _transformer, (8, 8), 8)):
+        for method in ("fixup.adapt", "normalised", "norms removed"):
+            accs = []
+            for seed in range(3):
+                model = build(seed)
+                if method == "fixup.adapt":
+                    model, _ = adapt(model, torch.randn(2, *shape), generator=torch.Generator().manual_seed(seed))
+                elif method == "norms removed":
+                    model = _without_norms(model)
+                with _no_mha_fastpath():
+                    accs.append(_train(model, shape, epochs, seed)[0])
+            rows[(label, method)] = accs
+    with capsys.disabled():
+        for (label, method), accs in rows.items():
+            t = torch.tensor(accs)
+            print(f"{label:<12}{method:<15}" + " ".join(f"{a:.3f}" for a in accs)
+                  + f"  mean {t.mean():.3f} +- {t.std():.3f} (n=3)")
+    assert torch.tensor(rows[("ResNet", "fixup.adapt")]).mean() >= 0.85
+    assert torch.tensor(rows[("Transformer", "fixup.adapt")]).mean() >= 0.8
+
+
+class _no_mha_fastpath:
+    """The stock encoder's eval fast path reads its LayerNorms' eps; the norm-free baseline has none."""
+
+    def __enter__(self) -> None:
+        self.was = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.mha.set_fastpath_enabled(self.was)

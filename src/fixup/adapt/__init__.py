@@ -36,6 +36,8 @@ from ._rewrite import AdaptedBlock, FixupAdapted, Rewriter, declare
 
 __all__ = ["AdaptError", "AdaptReport", "AdaptedBlock", "FixupAdapted", "adapt"]
 
+AdaptError.__module__ = __name__  # raised and documented as fixup.adapt.AdaptError
+
 
 def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
     return (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
@@ -90,6 +92,23 @@ def _modeful_dropout(gm: fx.GraphModule) -> list[str]:
         gm.graph.erase_node(node)
     gm.recompile()
     return notes
+
+
+def _check_zero_branches(gm: nn.Module, args: tuple[Tensor, ...], branches: list[tuple[str, Branch]]) -> None:
+    """Run the adapted model on the example input: every branch must output exactly zero (rule 1)."""
+    nonzero: list[str] = []
+    hooks = [b.scale.register_forward_hook(
+        lambda _m, _a, out, name=name: nonzero.extend([name] if torch.count_nonzero(out) else []))
+        for name, b in branches if b.scale is not None]
+    try:
+        with torch.no_grad():
+            gm(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    if nonzero:
+        raise AdaptError(f"after initialisation the branches {nonzero} do not output zero on the example input; "
+                         "their last operation is not the zeroed weight layer. Please report this model.")
 
 
 def _signature(graph: fx.Graph) -> list[tuple[str, str]]:
@@ -188,8 +207,7 @@ def adapt(
     gm.graph.lint()
     gm.recompile()
     report = fixup_init_(gm, generator=generator, mode=mode, **init_options)
-    with torch.no_grad():
-        gm(*args)  # the adapted model runs on the example input
+    _check_zero_branches(gm, args, [(names[id(b)], b) for _, b in pairs])
     residuals = [ResidualRecord(names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
                                 [str(n.target) for n in r.layers], [str(n.target) for n in r.gates])
                  for r, b in pairs]
