@@ -175,8 +175,7 @@ def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
     if b1a is not None and not isinstance(block.shortcut, nn.Identity):
         # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear (can_run_lean), so its
         # response to the scalar is that of a single constant image, added with the branch's last bias.
-        identity = type(block.shortcut) is nn.Identity
-        response = b1a if identity else block.shortcut(b1a.expand(1, *x.shape[1:]))
+        response = block.shortcut(b1a.expand(1, *x.shape[1:]))
         post = response if post is None else response + post
     shortcut = block.shortcut(x)
     # Check the residual shapes before the shortcut's response joins conv2's output map.
