@@ -429,3 +429,8 @@ def test_train_eval_dependence_is_reported_and_functional_dropout_follows_the_mo
     assert torch.equal(model(x), model(x))
     _, quiet = adapt(SkipMLP(), torch.randn(2, 64))
     assert not any("different graph" in w for w in quiet.warnings)
+
+
+def test_new_scalars_take_the_models_dtype() -> None:
+    model, _ = adapt(SkipMLP().double(), torch.randn(3, 64, dtype=torch.float64))
+    assert {p.dtype for p in model.parameters()} == {torch.float64}

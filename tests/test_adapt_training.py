@@ -89,9 +89,9 @@ def _without_norms(model: nn.Module) -> nn.Module:
     return model
 
 
-def _resnet(seed: int) -> nn.Module:
+def _resnet(seed: int, blocks: list[int] | None = None) -> nn.Module:
     torch.manual_seed(seed)
-    net = ResNet(BasicBlock, [1, 1, 1], width=16, in_channels=1, small_input=True)
+    net = ResNet(BasicBlock, blocks or [1, 1, 1], width=16, in_channels=1, small_input=True)
     for m in net.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -137,3 +137,15 @@ class _no_mha_fastpath:
 
     def __exit__(self, *exc: object) -> None:
         torch.backends.mha.set_fastpath_enabled(self.was)
+
+
+@pytest.mark.slow
+def test_at_depth_the_bare_network_diverges_and_the_adapted_one_trains() -> None:
+    """18 BasicBlocks (38 layers) at lr 0.1: without normalisation, He init diverges; Fixup trains."""
+    for seed in (0, 1):
+        model, _ = adapt(_resnet(seed, [6, 6, 6]), torch.randn(2, 1, 8, 8),
+                         generator=torch.Generator().manual_seed(seed))
+        accuracy, losses = _train(model, (1, 8, 8), 3, seed)
+        assert torch.isfinite(torch.tensor(losses)).all() and accuracy >= 0.7
+        _, bare_losses = _train(_without_norms(_resnet(seed, [6, 6, 6])), (1, 8, 8), 3, seed)
+        assert not torch.isfinite(torch.tensor(bare_losses)).all() or max(bare_losses) > 1e3

@@ -69,6 +69,9 @@ class Rewriter:
         self.removed: list[fx.Node] = []
         self.bias_after: dict[fx.Node, fx.Node] = {}
         self.index = {n: i for i, n in enumerate(gm.graph.nodes)}  # execution order of the traced nodes
+        # New scalars live where the model's weights do (device and floating dtype).
+        weight = next((p for p in gm.parameters() if p.is_floating_point()), None)
+        self.placement = {} if weight is None else {"device": weight.device, "dtype": weight.dtype}
 
     def _add(self, container: str, stem: str, module: nn.Module) -> str:
         parent = self.gm.get_submodule(container) if container else self.gm
@@ -76,7 +79,7 @@ class Rewriter:
         while hasattr(parent, name):
             name, k = f"fixup_{stem}_{k}", k + 1
         target = f"{container}.{name}" if container else name
-        self.gm.add_submodule(target, module)
+        self.gm.add_submodule(target, module.to(**self.placement))
         self.modules[target] = module
         self.added.append(target)
         return target
@@ -120,7 +123,7 @@ class Rewriter:
                 action, why = "removed", "on the residual stream or a shortcut (Fixup keeps no bias there)"
             self.norms.append(NormChange(str(node.target), type(mod).__name__, action, why))
             if action == "bias":
-                bias = Bias()
+                bias = Bias().to(**self.placement)
                 parent, _, leaf = str(node.target).rpartition(".")
                 setattr(self.gm.get_submodule(parent) if parent else self.gm, leaf, bias)
                 self.modules[str(node.target)] = bias
