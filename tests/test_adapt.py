@@ -434,3 +434,19 @@ def test_train_eval_dependence_is_reported_and_functional_dropout_follows_the_mo
 def test_new_scalars_take_the_models_dtype() -> None:
     model, _ = adapt(SkipMLP().double(), torch.randn(3, 64, dtype=torch.float64))
     assert {p.dtype for p in model.parameters()} == {torch.float64}
+
+
+def test_a_residual_sum_nested_in_another_branch_is_refused() -> None:
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c, self.d = (nn.Linear(8, 8) for _ in range(4))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            h = h + self.c(torch.relu(self.b(h)))  # inner residual inside the outer branch
+            return self.head(x + self.d(h))
+
+    with pytest.raises(AdaptError, match="lies in two residual branches"):
+        adapt(Nested(), torch.randn(2, 8))
