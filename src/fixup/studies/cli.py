@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
         display.close()
     print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
     print(f"report: {result.report}\nresults: {result.results}")
-    for row in claim_rows(result.outputs):
+    for row in claim_rows(result.outputs, grid.skipped):
         if row.scale:  # claims this run tested
             print(f"  {row.verdict:38s} {row.claim}")
     if result.failed:
@@ -115,8 +115,12 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from .registry import STUDIES
 
-    studies = [s.strip() for s in args.only.split(",")] if args.only else list(STUDIES)
-    return _run(args, studies)
+    if args.only:
+        return _run(args, [s.strip() for s in args.only.split(",")])
+    from .grid import make_grid
+
+    skipped = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds).skipped
+    return _run(args, [s for s in STUDIES if s not in skipped])
 
 
 def _study(args: argparse.Namespace) -> int:

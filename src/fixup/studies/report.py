@@ -22,14 +22,18 @@ from .store import write_json_atomic
 __all__ = ["claim_rows", "environment", "write_report"]
 
 
-def claim_rows(outputs: Mapping[str, StudyOutput]) -> list[ClaimRow]:
-    """One row per claim of the paper, in the paper's order; claims without a study are ``not run``."""
+def claim_rows(outputs: Mapping[str, StudyOutput], skipped: Mapping[str, str] | None = None) -> list[ClaimRow]:
+    """One row per claim of the paper, in the paper's order; claims without a study are ``not run``.
+
+    ``skipped`` gives the reason a study was left out of this run (by the mode), where there is one.
+    """
     rows = []
     for c in paper.CLAIMS:
         if c.study is None:
             rows.append(ClaimRow(c.id, "", "", NOT_RUN, c.why_not))
         elif c.study not in outputs:
-            rows.append(ClaimRow(c.id, "", "", NOT_RUN, f"the {c.study} study was not part of this run"))
+            why = (skipped or {}).get(c.study, f"the {c.study} study was not part of this run")
+            rows.append(ClaimRow(c.id, "", "", NOT_RUN, why))
         else:
             found = [r for r in outputs[c.study].claims if r.claim == c.id]
             rows.append(found[0] if found else ClaimRow(c.id, "", "", NOT_RUN, f"the {c.study} study gave no row"))
@@ -49,9 +53,10 @@ def _cell(text: str) -> str:
 
 
 def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titles: Mapping[str, str], *,
-                 timing: Mapping[str, Any], command: str = "") -> tuple[Path, Path]:
+                 timing: Mapping[str, Any], command: str = "", skipped: Mapping[str, str] | None = None
+                 ) -> tuple[Path, Path]:
     """Write ``out/report.md`` and ``out/results.json``; return their paths."""
-    rows = claim_rows(outputs)
+    rows = claim_rows(outputs, skipped)
     env = environment()
     counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
     md = [f"# Fixup: the paper's claims, reproduced ({grid.mode} mode)", "",

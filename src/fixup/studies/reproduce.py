@@ -46,9 +46,9 @@ def plan_all(grid: Grid, store: Store, studies: Sequence[Study]):
 def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = None, jobs: int = 1,
               progress: ProgressFn | None = None, plots: bool = True, seconds_per_cost: float | None = None,
               command: str = "") -> ReproduceResult:
-    """Run ``studies`` (default: all) on ``grid`` into ``out``; return where the report is and what happened."""
+    """Run ``studies`` (default: every study the grid's mode includes) on ``grid`` into ``out``."""
     out = Path(out)
-    chosen = [get_study(n) for n in (studies or list(STUDIES))]
+    chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
     store = Store(out)
     write_json_atomic(out / "grid.json", grid.to_dict())
     start = time.perf_counter()
@@ -82,5 +82,5 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
     seconds = time.perf_counter() - start
     timing = {"seconds": seconds, "cells_run": run, "cells_resumed": resumed, "cells_failed": len(failed)}
     report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
-                                   command=command)
+                                   command=command, skipped=grid.skipped)
     return ReproduceResult(report, results, outputs, failed, seconds, run, resumed)
