@@ -87,8 +87,10 @@ def test_rerun_reuses_every_cell(tmp_path, fake_engine):
 def test_depth_plan_holds_every_method_at_the_batchnorm_rate():
     grid = make_grid("quick")
     tasks = depth.plan(grid, Store("/nonexistent")).tasks
-    assert {t.cell.method for t in tasks} == {"fixup", "batchnorm", "lsuv", "sqrt2", "he"}
+    assert {t.cell.method for t in tasks} >= {"fixup", "batchnorm", "lsuv", "sqrt2", "he"}
     assert {t.cell.config["train"]["lr"] for t in tasks} == {0.1}
+    scalar = {t.cell.method: t.cell.config["train"].get("scalar_lr_mult", 1.0) for t in tasks}
+    assert scalar["fixup"] == 1.0 and scalar["fixup_scalar_lr0.1"] == 0.1  # the paper's text; the authors' code
     assert max(t.cell.setting["depth"] for t in tasks) >= 1000
     assert {t.cell.seed for t in tasks} == {0, 1} and all(t.cell.config["train"]["epochs"] == 1 for t in tasks)
 
@@ -141,3 +143,24 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
     assert main(["reproduce", "--tiny", "--out", str(out), "--no-plots"]) == 0
     again = json.loads((out / "results.json").read_text())["timing"]
     assert again["cells_run"] == 0 and again["cells_resumed"] == first
+
+
+def _tr_record(method: str, dropout: float, seed: int, bleu: float, nll: float) -> dict:
+    return {"study": "translation", "method": method, "setting": {"dropout": dropout}, "seed": seed, "config": {},
+            "result": {"diverged": False, "test_bleu": bleu, "valid_nll": nll, "copy_bleu": 1.0,
+                       "word_for_word_bleu": 5.0}}
+
+
+def test_translation_dropout_is_chosen_on_validation_not_test():
+    from fixup.studies import translation
+
+    grid = make_grid("quick")
+    recs = [_tr_record(m, d, s, bleu, nll) for s in (0, 1) for m, d, bleu, nll in (
+        ("fixup", 0.1, 40.0, 2.0), ("fixup", 0.3, 30.0 + s, 1.5),  # 0.3: better validation NLL, worse BLEU
+        ("layernorm", 0.1, 31.0 + s, 1.4), ("layernorm", 0.3, 35.0, 1.6))]
+    summary = translation.summarise(recs, grid)
+    assert summary["chosen"]["fixup"]["dropout"] == 0.3 and summary["chosen"]["layernorm"]["dropout"] == 0.1
+    row = translation.claims(summary, grid)[0]
+    assert row.verdict == DIRECTION and "same dropout chosen: no" in row.ours
+    weak = [_tr_record(m, 0.1, s, 0.5, 2.0) for m in ("fixup", "layernorm") for s in (0, 1)]  # below the references
+    assert translation.claims(translation.summarise(weak, grid), grid)[0].verdict == NOT_REPRODUCED

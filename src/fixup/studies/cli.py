@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 from typing import Any
 
@@ -30,6 +31,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
+    p.add_argument("--plan", action="store_true", help="list the cells and the expected duration, run nothing")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,9 +92,19 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
           f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
+    if args.plan:
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t.cell.study] = counts.get(t.cell.study, 0) + 1
+        for study, n in counts.items():
+            print(f"  {study}: {n} cells")
+        if waiting:
+            print(f"  + {waiting} cells planned once the cells they depend on finish")
+        return 0
     if args.mode == "full" and not args.yes and sys.stdin.isatty():
         input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
     display = _Display()
+    signal.signal(signal.SIGTERM, _interrupt)  # stop workers and leave resumable cells, as Ctrl-C does
     try:
         result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
@@ -110,6 +122,10 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
             print(f"  {key}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _reproduce(args: argparse.Namespace) -> int:

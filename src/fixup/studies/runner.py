@@ -176,7 +176,10 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
                         finished(pending.pop(fut), *fut.result())
-            except BaseException:
+            except BaseException:  # Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt), a bug here
+                # Stop the running cells too: SIGTERM makes the engine checkpoint, so they resume next run.
+                for proc in list((pool._processes or {}).values()):  # no public API lists the workers
+                    proc.terminate()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     report("end")
