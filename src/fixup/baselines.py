@@ -10,7 +10,8 @@ A *method* is a ``(norm, init)`` pair (Zhang, Dauphin & Ma, ICLR 2019, sections 
   Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; needs a data batch, see :func:`data_init_`) or
   ``sqrt2`` (He, and every residual block's output ``x + F(x)`` multiplied by 1/sqrt(2): the depth
   study's baseline, section 4.1).
-- ``norm="batchnorm"`` / ``"groupnorm"`` / ``"layernorm"``: the normalised baselines, He-initialised.
+- ``norm="batchnorm"`` / ``"groupnorm"``: the normalised baselines, He-initialised; ``norm="layernorm"``
+  (the Transformer's baseline) with Xavier, as the authors' fairseq code (section 5).
 
 Builders call :func:`resolve_method` before building (the method decides which scalars exist and the
 blocks' output scale) and :func:`initialise_` after; every method leaves ``model.init_report``.
@@ -93,9 +94,10 @@ METHODS: dict[str, dict[str, Method]] = {
         Method("none", "sqrt2", "no normalisation, He initialisation, block outputs times 1/sqrt(2)",
                output_scale=SQRT_HALF),
     )},
-    **{norm: {"he": Method(norm, "he", f"{norm}, {_NORMED}")} for norm in ("batchnorm", "groupnorm", "layernorm")},
+    **{norm: {"he": Method(norm, "he", f"{norm}, {_NORMED}")} for norm in ("batchnorm", "groupnorm")},
+    "layernorm": {"xavier": Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers")},
 }
-DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "he"}
+DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 
 
 def _combinations() -> str:
