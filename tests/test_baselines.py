@@ -206,3 +206,11 @@ def test_sqrt2_keeps_forward_variance_bounded_with_depth_while_plain_he_grows(na
     assert he[-1] > 1e12 * he[0]  # ... exponentially (about 1.8x per block)
     assert max(sqrt2) <= 1.5 * sqrt2[0]  # 1/sqrt(2): never grows
     assert all(math.isfinite(v) and v > 0 for v in sqrt2)
+
+
+def test_ablations_report_the_scalars_they_leave_out_once() -> None:
+    warnings = fixup.create_model("resnet20", init="fixup_no_bias").init_report.warnings
+    assert warnings == ["9 branches have no scalar biases (rule 3): the fixup_no_bias ablation leaves them out"]
+    warnings = fixup.create_model("resnet20", init="fixup_no_scale").init_report.warnings
+    assert warnings == ["9 branches have no scalar multiplier (rule 3): the fixup_no_scale ablation leaves them out"]
+    assert fixup.create_model("resnet20").init_report.warnings == []

@@ -276,6 +276,17 @@ def _check_output_scale(model: nn.Module, method: Method) -> None:
                              f"{method.output_scale:g}; build the model with the norm/init you initialise it for")
 
 
+def _collapse_ablation_warnings(report: FixupReport, method: Method) -> None:
+    """One line instead of one warning per branch for the scalars an ablation leaves out by design."""
+    for present, what in ((method.biases, "no scalar biases"), (method.scale, "no scalar multiplier")):
+        if present:
+            continue
+        kept = [w for w in report.warnings if not (w.startswith("branch ") and what in w)]
+        if len(kept) < len(report.warnings):
+            report.warnings = [*kept, f"{len(report.warnings) - len(kept)} branches have {what} (rule 3): "
+                                      f"the {method.init} ablation leaves them out"]
+
+
 def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator | None = None,
                 zero_init_last_norm: bool = False, base: str = "he") -> FixupReport:
     """Initialise a freshly built ``model`` for ``method``; sets and returns ``model.init_report``.
@@ -294,6 +305,7 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
         if method.zero_branch:
             zero_branches_(model, report)
         report.method = method.init
+        _collapse_ablation_warnings(report, method)
     elif method.init == "xavier":
         report = xavier_init_(model, generator=generator)
     elif method.init == "lsuv":
