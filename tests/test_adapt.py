@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -164,11 +165,16 @@ def test_basic_block_resnet_and_the_report_round_trip() -> None:
     assert again == report
 
 
-def test_adapted_model_survives_deepcopy_and_reinitialisation() -> None:
+def test_adapted_model_survives_deepcopy_pickling_and_reinitialisation() -> None:
     model, report = adapt(ResNet(BasicBlock, [1, 1], width=8), torch.randn(1, 3, 8, 8))
-    clone = copy.deepcopy(model)
-    assert fixup.fixup_init_(clone).num_branches == report.num_branches == 2
-    assert [c.name for c in fixup.fixup_init_(clone).classifier] == ["fc"]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for clone in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        again = fixup.fixup_init_(clone)
+        assert again.num_branches == report.num_branches == 2
+        assert [c.name for c in again.classifier] == ["fc"]
+        assert [b.name for b in again.branches] == ["layer1.0", "layer2.0"]
 
 
 # --- pre-activation, squeeze-excite, MLP ---

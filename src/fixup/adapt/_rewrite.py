@@ -56,6 +56,18 @@ class FixupAdapted(fx.GraphModule):
     def classifier_layers(self) -> Sequence[nn.Module]:
         return list(self.fixup_decl.classifier)
 
+    def __reduce__(self) -> tuple:
+        # GraphModule pickles as a plain GraphModule; come back as a FixupAdapted (children, among
+        # them the declarations, survive the round trip).
+        return _restore, (super().__reduce__(),)
+
+
+def _restore(reduced: tuple) -> FixupAdapted:
+    rebuild, args = reduced
+    gm = rebuild(*args)
+    gm.__class__ = type(type(gm).__name__, (type(gm), FixupAdapted), {})
+    return gm
+
 
 class Rewriter:
     """Rewrites the traced graph in place: norms out, scalars in, declarations attached."""

@@ -339,6 +339,8 @@ def trace(model: nn.Module, example: tuple[Any, ...],
         ) from err
     for node in graph.nodes:
         node.meta.pop(_VALUE, None)
+        if isinstance(node.type, str):  # a postponed annotation ("torch.Tensor") would not pickle
+            node.type = None
     return graph, tracer.fixed
 
 
