@@ -456,3 +456,29 @@ def test_a_residual_sum_nested_in_another_branch_is_refused() -> None:
 
     with pytest.raises(AdaptError, match="lies in two residual branches"):
         adapt(Nested(), torch.randn(2, 8))
+
+
+def test_leaf_modules_are_kept_whole() -> None:
+    class Stem(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.conv(x))
+
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block, self.head = Stem(), Stem(), nn.Linear(8, 2)
+            self.block.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.stem(x)
+            return self.head((h + self.block(h)).mean((2, 3)))
+
+    # Kept whole, the branch's weights are hidden in a module that cannot be counted: refused.
+    with pytest.raises(AdaptError, match=r"node 'add'.*'block' \(Stem\) on one of them holds a weight matrix"):
+        adapt(Branchy(), torch.randn(1, 3, 8, 8), leaf_modules=(Stem,))
+    with pytest.raises(AdaptError, match="branch ends in 'relu_1'"):
+        adapt(Branchy(), torch.randn(1, 3, 8, 8))

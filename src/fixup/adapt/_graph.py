@@ -118,6 +118,12 @@ class _Analyser:
                 and n.op in ("call_module", "call_function", "call_method") and self.anc.has(out, n)
                 and not self.anc.has(fork, n) and not self.anc.has(n, fork)}
 
+    def _hidden_weights(self, node: fx.Node) -> bool:
+        """A module call holding a weight matrix that is not a weight layer (a leaf kept whole)."""
+        mod = T.module_of(node, self.modules)
+        return mod is not None and not T.is_weight_unit(node, self.modules) and \
+            not T.is_norm(node, self.modules) and any(p.dim() >= 2 for p in mod.parameters())
+
     def _gate_operand(self, node: fx.Node) -> bool:
         """``node`` is, up to reshapes, the output of a sigmoid gate."""
         while not T.is_gate(node, self.modules):
@@ -154,6 +160,13 @@ class _Analyser:
         if add.target is T.residual_add:
             shortcut, out = a, b  # residual_add(shortcut, branch, name)
         elif counts[a] == counts[b] == 0:
+            hidden = [n for nodes in sides.values() for n in nodes if self._hidden_weights(n)]
+            if hidden:
+                self.problems.append(Problem(add.name, (
+                    f"this add sums two paths from {fork.name!r}, and {hidden[0].name!r} "
+                    f"({_describe(hidden[0], self.modules)}) on one of them holds a weight matrix but is not a "
+                    "weight layer fixup_init_ can count (nn.Linear, nn.Conv1d/2d/3d, nn.MultiheadAttention); "
+                    "do not keep it whole (leaf_modules), or make its layers such modules")))
             return None  # no weight layer on either side: nothing for Fixup to count
         elif counts[b] == 0 or (counts[b] == 1 and counts[a] > 1):
             shortcut, out = b, a
