@@ -193,11 +193,14 @@ class FixupReport:
         if self.branches:
             lines.append("branches:")
             for b in self.branches[:max_branches]:
-                sc = ", ".join(f"{s.name.rsplit('.', 1)[-1]} std {s.std:.4g}" for s in b.scaled)
+                def local(layer: LayerRecord, block: str = b.name.split("[")[0]) -> str:
+                    return layer.name.removeprefix(block + ".")  # the layer's name inside its block
+
+                sc = ", ".join(f"{local(s)} std {s.std:.4g}" for s in b.scaled)
                 lines.append(f"  {b.name:<22} {b.kind:<11} m={b.m} factor {b.factor:.4g}: scaled [{sc}] "
-                             f"zeroed {b.zeroed.name.rsplit('.', 1)[-1]}; {b.num_biases} biases, "
+                             f"zeroed {local(b.zeroed)}; {b.num_biases} biases, "
                              f"{'a' if b.has_scale else 'NO'} multiplier"
-                             + (f"; projection {b.shortcut.name.rsplit('.', 1)[-1]}" if b.shortcut else ""))
+                             + (f"; projection {local(b.shortcut)}" if b.shortcut else ""))
             if len(self.branches) > max_branches:
                 lines.append(f"  ... {len(self.branches) - max_branches} more (to_dict() or --json lists all)")
         lines.append("warnings: " + ("none" if not self.warnings else ""))
