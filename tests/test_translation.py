@@ -39,6 +39,21 @@ def test_beam_one_equals_greedy(seed):
     assert any(len(h) > 0 for h in greedy)
 
 
+@pytest.mark.parametrize("beam", [2, 3, 5])
+def test_beam_search_does_not_depend_on_the_batch(beam):
+    """Each source decodes the same alone or among others (padded, finishing at different steps)."""
+    model = random_model(8, seed=5)  # few tokens: EOS is often likely, hypotheses end at different steps
+    g = torch.Generator().manual_seed(beam)
+    src = torch.randint(4, 8, (7, 6), generator=g)
+    src[1, 2:] = 0
+    src[4, 4:] = 0
+    batched = beam_search(model, src, beam=beam, max_len_a=0.0, max_len_b=8)
+    alone = [beam_search(model, src[i:i + 1, : int(src[i].ne(0).sum())], beam=beam, max_len_a=0.0,
+                         max_len_b=8)[0] for i in range(7)]
+    assert batched == alone
+    assert len({len(h) for h in batched}) > 1  # hypotheses finished at different steps
+
+
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
 def test_wide_beam_is_exact_search(length_penalty):
     """With a beam wider than the number of live hypotheses, beam search finds the best sequence."""

@@ -28,6 +28,11 @@ def test_recipe_defaults_follow_the_paper():
     cfg = translation_config()
     assert (cfg.optimizer, cfg.betas, cfg.schedule, cfg.label_smoothing) == ("adam", (0.9, 0.98), "inverse_sqrt", 0.1)
     assert cfg.model == "transformer_iwslt_de_en" and cfg.norm == "fixup" and cfg.task == "translation"
+    assert (cfg.warmup_steps, cfg.max_updates, cfg.lr) == (4000, 200000, 5e-4)
+    tiny = translation_config("tiny", extra={"bleu_limit": 0})
+    assert tiny.model == "transformer_tiny" and tiny.extra == {"max_tokens": 2048, "bleu_limit": 0}
+    with pytest.raises(ValueError, match="unknown translation recipe"):
+        translation_config("wmt")
 
 
 def test_loss_at_init_is_uniform_for_fixup(tmp_path):

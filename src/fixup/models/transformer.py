@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -313,11 +313,6 @@ def build_transformer(norm: str = "fixup", init: str | None = None, generator: t
         model.init_report = None
         return model
     return finish(model, norm, init, generator=generator, base="xavier")
-
-
-def config_of(model: Transformer) -> dict:
-    """The model's configuration as a plain dict (saved with checkpoints)."""
-    return asdict(model.cfg)
 
 
 @register_model

@@ -91,6 +91,7 @@ def beam_search(model: Transformer, src: Tensor, beam: int = 4, length_penalty: 
         new_hyps: list[list[list[int]]] = []
         for b in range(B):
             kept: list[list[int]] = []
+            rows: list[int] = []
             if len(finished[b]) < K:
                 for rank, (score, index) in enumerate(zip(top_scores[b], top_index[b])):
                     if score == -torch.inf:
@@ -102,19 +103,17 @@ def beam_search(model: Transformer, src: Tensor, beam: int = 4, length_penalty: 
                             finished[b].append((score / length ** length_penalty, hyps[b][parent]))
                     elif len(kept) < K:
                         new_scores[b, len(kept)] = score
-                        order.append(b * K + parent)
-                        next_tokens.append(token)
+                        rows.append(b * K + parent)
                         kept.append([*hyps[b][parent], token])
                     if len(kept) == K or len(finished[b]) >= K:
                         break
-            if len(finished[b]) >= K:
-                kept = []
+            if len(finished[b]) >= K:  # done: its rows keep running as placeholders with score -inf
+                kept, rows = [], []
                 new_scores[b] = -torch.inf
-            for _ in range(K - len(kept)):  # placeholders for empty slots
-                order.append(b * K)
-                next_tokens.append(EOS)
-                kept.append([])
-            new_hyps.append(kept)
+            next_tokens.extend(h[-1] for h in kept)
+            next_tokens.extend([EOS] * (K - len(kept)))
+            order.extend(rows + [b * K] * (K - len(kept)))
+            new_hyps.append(kept + [[] for _ in range(K - len(kept))])
         if all(len(f) >= K for f in finished):
             break
         scores, hyps = new_scores, new_hyps

@@ -65,6 +65,7 @@ def train_and_evaluate(config: TrainConfig, out_dir: str | Path, decode: DecodeC
     summary = {"model": config.model, "norm": config.norm, "outcome": result.outcome.to_dict(),
                "updates": result.outcome.step, "split": split, "bleu": bleu.to_dict(), "decode": asdict(decode),
                "averaged_checkpoints": averaged, **baselines(task, split), "final": result.final,
+               "history": result.history,
                "parameters": sum(p.numel() for p in model.parameters()), "task": task.describe()}
     (out_dir / "translation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
