@@ -143,7 +143,7 @@ def find_branches(model: nn.Module) -> list[tuple[str, Branch]]:
     """Every declared residual branch of ``model``, with its block's qualified name, in module order."""
     found: list[tuple[str, Branch]] = []
     for name, module in model.named_modules():
-        if isinstance(module, ResidualBlock):
+        if callable(getattr(module, "residual_branches", None)):  # the protocol, without isinstance's cost
             branches = list(module.residual_branches())
             for i, branch in enumerate(branches):
                 label = name or type(module).__name__
