@@ -115,10 +115,6 @@ class Grid:
     # studies ``fixup reproduce`` leaves out in this mode, and why (``fixup study NAME`` still runs them)
     skipped: dict[str, str] = field(default_factory=dict)
 
-    def data_config(self) -> dict[str, Any]:
-        return {"data": self.data, "data_dir": self.data_dir, "image_size": self.image_size,
-                "device": self.device}
-
     def describe_data(self) -> str:
         size = f" at {self.image_size}x{self.image_size}" if self.image_size else ""
         return f"{self.data}{size}"

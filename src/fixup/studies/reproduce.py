@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import Study, StudyOutput
+from .cells import Task
 from .grid import Grid
 from .registry import STUDIES, get_study
 from .report import write_report
@@ -33,9 +34,10 @@ class ReproduceResult:
     cells_resumed: int
 
 
-def plan_all(grid: Grid, store: Store, studies: Sequence[Study]):
+def plan_all(grid: Grid, store: Store, studies: Sequence[Study]) -> tuple[list[Task], int]:
     """All tasks the studies can plan now, and how many cells wait on them."""
-    tasks, waiting = [], 0
+    tasks: list[Task] = []
+    waiting = 0
     for study in studies:
         p = study.plan(grid, store)
         tasks += p.tasks
