@@ -85,14 +85,18 @@ def test_rerun_reuses_every_cell(tmp_path, fake_engine):
 
 
 def test_depth_plan_holds_every_method_at_the_batchnorm_rate():
-    grid = make_grid("quick")
+    grid = make_grid("full")
     tasks = depth.plan(grid, Store("/nonexistent")).tasks
     assert {t.cell.method for t in tasks} >= {"fixup", "batchnorm", "lsuv", "sqrt2", "he"}
     assert {t.cell.config["train"]["lr"] for t in tasks} == {0.1}
     scalar = {t.cell.method: t.cell.config["train"].get("scalar_lr_mult", 1.0) for t in tasks}
     assert scalar["fixup"] == 1.0 and scalar["fixup_scalar_lr0.1"] == 0.1  # the paper's text; the authors' code
-    assert max(t.cell.setting["depth"] for t in tasks) >= 1000
-    assert {t.cell.seed for t in tasks} == {0, 1} and all(t.cell.config["train"]["epochs"] == 1 for t in tasks)
+    assert max(t.cell.setting["depth"] for t in tasks) == 10_000
+    assert {t.cell.seed for t in tasks} == {0, 1, 2} and all(t.cell.config["train"]["epochs"] == 1 for t in tasks)
+    batch = {t.cell.setting["depth"]: t.cell.config["train"]["batch_size"] for t in tasks}
+    assert batch[1000] == 128 and batch[10_000] == 64  # the paper's batch sizes (section 4.1)
+    quick = depth.plan(make_grid("quick"), Store("/nonexistent")).tasks
+    assert max(t.cell.setting["depth"] for t in quick) >= 1000 and {t.cell.seed for t in quick} == {0, 1}
 
 
 def test_regularisation_plan_follows_the_paper(tmp_path):

@@ -127,10 +127,10 @@ _QUICK = dict(
     seeds=2,
     # batch 32: one epoch of digits' 1,437 training images is 45 SGD steps (the paper's CIFAR epoch is 390)
     depth=DepthGrid(depths=(10, 100, 1000), batch_size=32, batch_size_10000=32,
-                    methods=("fixup", "fixup_scalar_lr0.1", "batchnorm", "lsuv", "sqrt2", "he")),
+                    methods=("fixup", "batchnorm", "lsuv", "sqrt2", "he")),
     ablation=AblationGrid(model="resnet_cifar", depth=32, batch_size=32, epochs=3),
     regularisation=RegularisationGrid(model="resnet_cifar", depth=14, methods=("fixup", "batchnorm", "he"),
-                                      batch_size=32, epochs=8, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
+                                      batch_size=32, epochs=6, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
                                       he_search_epochs=3),
     translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1, 0.3), max_updates=2000, warmup_steps=200,
                                 lr=1e-3, max_tokens=2048, beam=1, cost_per_cell=1.5e8,
