@@ -26,7 +26,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="folder or archive of the local data set")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
     p.add_argument("--out", default=None, help="output folder (default: runs/<mode>); rerun to resume")
-    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (default 1)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
@@ -83,6 +84,9 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
 
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
+    if args.jobs < 0:
+        raise ValueError(f"--jobs must be 0 (automatic) or a positive number of processes, got {args.jobs}")
+    args.jobs = args.jobs or _auto_jobs(args.device)
     out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
     tasks, waiting = plan_all(grid, Store(out), [get_study(s) for s in studies])
     side = grid.image_size or (8 if grid.data == "digits" else 32)
@@ -122,6 +126,15 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
             print(f"  {key}", file=sys.stderr)
         return 1
     return 0
+
+
+def _auto_jobs(device: str) -> int:
+    """One worker per CPU core (at most 8) on CPU; one on a GPU, whose cells would otherwise contend for it."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
 
 
 def _interrupt(signum: int, frame: Any) -> None:
