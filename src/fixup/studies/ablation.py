@@ -2,7 +2,8 @@
 
 Methods (the models issue's ``init=`` values): rule 2's factor removed, the factor x0.1 and x10,
 every branch weight zero, no scalar biases, no multiplier. All at the same rate, schedule, epochs and
-seeds as full Fixup; the figures are training-loss and test-accuracy curves and final accuracy.
+seeds as full Fixup (scalars at ``AblationGrid.scalar_lr_mult`` of the rate, as the authors'
+released code); the figures are training-loss and test-accuracy curves and final accuracy.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def plan(grid: Grid, store: Store) -> Plan:
     for method in g.methods:
         for seed in range(grid.seeds):
             train = image_train(grid, method, seed, model=g.model, depth=g.depth, lr=g.lr,
-                                weight_decay=g.weight_decay, batch_size=g.batch_size, epochs=g.epochs)
+                                weight_decay=g.weight_decay, batch_size=g.batch_size, epochs=g.epochs,
+                                scalar_lr_mult=g.scalar_lr_mult)
             tasks.append(Task(Cell("ablation", method, {"depth": g.depth}, seed, config={"train": train},
                                    cost=image_cost(grid, g.depth, g.epochs)), run_cell))
     return Plan(tasks)
@@ -64,8 +66,8 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             "curve_test_acc": _curve(results, "test_acc", epochs),
         }
     g = grid.ablation
-    scale = (f"{grid.describe_data()}, {g.model}-{g.depth}, lr {g.lr}, {g.epochs} epochs, batch {g.batch_size}, "
-             f"{grid.seeds} seeds")
+    scale = (f"{grid.describe_data()}, {g.model}-{g.depth}, lr {g.lr} (scalars x{g.scalar_lr_mult:g}), "
+             f"{g.epochs} epochs, batch {g.batch_size}, {grid.seeds} seeds")
     return {"methods": methods, "scale": scale}
 
 

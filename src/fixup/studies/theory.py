@@ -5,7 +5,8 @@ Scalar network (sections 2-3): L branches of m scalar weights; Δf of one exact 
 for Fixup's factor L^(-1/(2m-2)), the unscaled branches, the sqrt(L)-motivated factor, all-zero
 branches and Fixup x0.1 / x10. Inner weights equal the factor (the analysis' setting), so the scalar
 network is deterministic: one run per scheme (n=1). Measured: the largest Δf of a CIFAR ResNet over
-the first k SGD steps on a fixed random batch, one network per seed (at step 1 only Fixup's zero
+the first k SGD steps on a fixed random batch with Fixup's scalars held fixed (the analysis has no
+biases), one network per seed (at step 1 only Fixup's zero
 classifier moves, so Δf is the same at every depth; the branches move from step 2), and the log-log
 slope of that Δf against the number of branches L.
 """
@@ -42,7 +43,8 @@ def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
     from ..lab.update import update_sweep
 
     out = update_sweep(cfg["model"], cfg["depths"], methods=[LAB_METHOD.get(cell.method, cell.method)],
-                       lr=cfg["lr"], steps=(1, cfg["step"]), seed=cell.seed)
+                       lr=cfg["lr"], steps=(1, cfg["step"]), seed=cell.seed,
+                       scalar_lr_factor=cfg.get("scalar_lr", 1.0))
     pts = [{"depth": r["depth"], "L": r["L"], "df": r["df_max"]} for r in out["records"] if r["step"] == cfg["step"]]
     fit = next(iter(out["fits"].values()))[f"df_max@{cfg['step']}"]
     return {"points": pts, "slope": fit["slope"]}
@@ -56,7 +58,8 @@ def plan(grid: Grid, store: Store) -> Plan:
         tasks.append(Task(Cell("theory", scheme, {"part": "scalar"}, 0, config=cfg, cost=1e4), run_cell))
     for seed in range(grid.seeds):
         for method in g.measured_methods:
-            cfg = {"model": "resnet_cifar", "depths": list(g.measured_depths), "lr": g.lr, "step": g.measured_step}
+            cfg = {"model": "resnet_cifar", "depths": list(g.measured_depths), "lr": g.lr, "step": g.measured_step,
+                   "scalar_lr": g.measured_scalar_lr}
             cost = sum(g.measured_depths) * g.measured_step * 8 * 2
             tasks.append(Task(Cell("theory", method, {"part": "measured"}, seed, config=cfg, cost=cost), run_cell))
     return Plan(tasks)
@@ -85,7 +88,7 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     g = grid.theory
     scale = (f"scalar network m=2, L {min(g.scalar_depths):,}-{max(g.scalar_depths):,}; CIFAR ResNet depths "
              f"{min(g.measured_depths)}-{max(g.measured_depths)} on a fixed random batch, Δf at step "
-             f"{g.measured_step}, lr {g.lr}; {grid.seeds} seeds")
+             f"{g.measured_step}, lr {g.lr}, Fixup's scalars at x{g.measured_scalar_lr:g} of it; {grid.seeds} seeds")
     return {"scalar": scalar, "measured": measured, "scale": scale, "step": g.measured_step}
 
 
