@@ -83,8 +83,6 @@ def test_adapting_the_normalised_form_reproduces_the_native_fixup_accounting(nam
 
 
 def test_pre_norm_transformer_gives_the_same_accounting_as_post_norm() -> None:
-    if "transformer_tiny" not in fixup.list_models():
-        pytest.skip("transformer_tiny is not registered")
     pre = _build("transformer_tiny", "layernorm", pre_norm=True)
     _, report = adapt(pre, _example(pre))
     assert accounting(report) == accounting(_build("transformer_tiny", "fixup").init_report)

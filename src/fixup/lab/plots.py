@@ -12,18 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._plotting import pyplot
+
 __all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_update"]
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install 'fixup-lab[plots]'") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _save(fig: Any, path: str | Path) -> Path:
@@ -32,7 +23,7 @@ def _save(fig: Any, path: str | Path) -> Path:
     _mark_nonfinite(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -57,7 +48,7 @@ def _mark_nonfinite(fig: Any) -> None:
 
 def plot_scalar(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Δf/eta of the first SGD step against L, one line per scheme (from :func:`fixup.lab.scalar_sweep`)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for scheme in dict.fromkeys(r["scheme"] for r in records):
         rs = [r for r in records if r["scheme"] == scheme]
@@ -71,7 +62,7 @@ def plot_scalar(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 def plot_update(result: dict[str, Any], path: str | Path) -> Path:
     """Measured Δf against L per method, one panel per step (from :func:`fixup.lab.update_sweep`)."""
-    plt = _pyplot()
+    plt = pyplot()
     records = result["records"]
     steps = sorted({r["step"] for r in records})
     panels = [("df", s) for s in steps] + [("df_max", steps[-1])]
@@ -93,7 +84,7 @@ def plot_update(result: dict[str, Any], path: str | Path) -> Path:
 def plot_layer_stats(records: Sequence[dict[str, Any]], path: str | Path,
                      fields: Sequence[str] = ("std", "frac_zero", "grad_norm")) -> Path:
     """Per-module statistics in module order, train against eval (from :func:`fixup.lab.layer_stats`)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(fields), 1, figsize=(8, 2.6 * len(fields)), squeeze=False, sharex=True)
     for ax, field in zip(axes[:, 0], fields):
         for mode in dict.fromkeys(r["mode"] for r in records):
@@ -107,7 +98,7 @@ def plot_layer_stats(records: Sequence[dict[str, Any]], path: str | Path,
 
 def plot_forward_variance(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """E[f^2]/x^2 at initialisation against L: standard init (exact and sampled) and Fixup."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     Ls = [r["L"] for r in records]
     _loglog_series(ax, Ls, [r["standard_exact"] for r in records], "standard, exact 2^L")
@@ -121,7 +112,7 @@ def plot_forward_variance(records: Sequence[dict[str, Any]], path: str | Path) -
 
 def plot_coupling(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Relative batch coupling per method and mode (from :func:`fixup.lab.batch_coupling`, with ``method``)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = [f"{r.get('method', '')} {r['mode']}".strip() for r in records]
     ax.bar(range(len(records)), [r["blocks_rel"] for r in records])

@@ -6,18 +6,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._plotting import pyplot
+
 __all__ = ["plot_bars", "plot_curves", "plot_depth", "plot_loglog"]
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the installation
-        raise ImportError("figures need matplotlib: pip install 'fixup-lab[plots]' (or use --no-plots)") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -32,7 +23,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 def plot_depth(summary: Mapping[str, Any], labels: Mapping[str, str], path: Path) -> Path:
     """Accuracy against depth (log axis), mean ± std per method; diverged runs as crosses at chance."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     chance = summary["chance"]
     for i, (method, cells) in enumerate(summary["methods"].items()):
@@ -59,7 +50,7 @@ def plot_depth(summary: Mapping[str, Any], labels: Mapping[str, str], path: Path
 def plot_curves(curves: Mapping[str, Sequence[float | None]], ylabel: str, path: Path, *,
                 labels: Mapping[str, str] | None = None, log: bool = False) -> Path:
     """One line per method against epoch (None: not available, e.g. after divergence)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for method, ys in curves.items():
         xs = [i + 1 for i, y in enumerate(ys) if y is not None]
@@ -75,7 +66,7 @@ def plot_curves(curves: Mapping[str, Sequence[float | None]], ylabel: str, path:
 def plot_loglog(series: Mapping[str, Sequence[tuple[float, float | None]]], xlabel: str, ylabel: str, path: Path,
                 *, title: str = "") -> Path:
     """Log-log lines of (x, y) points; points with y None or <= 0 are left out."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, pts in series.items():
         good = [(x, y) for x, y in pts if y is not None and y > 0]
@@ -94,7 +85,7 @@ def plot_loglog(series: Mapping[str, Sequence[tuple[float, float | None]]], xlab
 def plot_bars(groups: Mapping[str, Mapping[str, tuple[float | None, float | None]]], ylabel: str,
               path: Path) -> Path:
     """Grouped bars with error bars: ``groups[group][bar] = (mean, std)``."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     names = list(groups)
     bars = sorted({b for g in groups.values() for b in g}, key=lambda b: list(next(iter(groups.values()))).index(b)
