@@ -26,10 +26,6 @@ LABELS = {"fixup": "Fixup", "fixup_no_depth_scale": "no rule-2 factor", "fixup_s
           "fixup_no_bias": "no scalar biases", "fixup_no_scale": "no multiplier"}
 
 
-def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
-    return train_cell(cell, work)
-
-
 def plan(grid: Grid, store: Store) -> Plan:
     g = grid.ablation
     tasks = []
@@ -39,7 +35,7 @@ def plan(grid: Grid, store: Store) -> Plan:
                                 weight_decay=g.weight_decay, batch_size=g.batch_size, epochs=g.epochs,
                                 scalar_lr_mult=g.scalar_lr_mult)
             tasks.append(Task(Cell("ablation", method, {"depth": g.depth}, seed, config={"train": train},
-                                   cost=image_cost(grid, g.depth, g.epochs)), run_cell))
+                                   cost=image_cost(grid, g.depth, g.epochs)), train_cell))
     return Plan(tasks)
 
 
@@ -133,5 +129,5 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
             plot_curves(acc, "test accuracy (%, mean over seeds)", folder / "ablation_test_acc.png", labels=LABELS)]
 
 
-STUDY = Study("ablation", "Ablation: Fixup's rules removed one at a time", run_cell, plan, summarise, claims,
+STUDY = Study("ablation", "Ablation: Fixup's rules removed one at a time", train_cell, plan, summarise, claims,
               markdown, figures)

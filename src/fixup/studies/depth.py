@@ -37,10 +37,6 @@ LEARNING_MARGIN = 0.2
 TRACKING_MARGIN = 0.1
 
 
-def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
-    return train_cell(cell, work)
-
-
 def plan(grid: Grid, store: Store) -> Plan:
     g = grid.depth
     tasks = []
@@ -54,7 +50,7 @@ def plan(grid: Grid, store: Store) -> Plan:
                                     schedule="constant", checkpoint=False, **options)
                 cell = Cell("depth", method, {"depth": depth}, seed, config={"train": train},
                             cost=image_cost(grid, depth, g.epochs))
-                tasks.append(Task(cell, run_cell))
+                tasks.append(Task(cell, train_cell))
     return Plan(tasks)
 
 
@@ -176,5 +172,5 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
     return [plot_depth(summary, LABELS, folder / "depth.png")]
 
 
-STUDY = Study("depth", "Depth: first-epoch accuracy at learning rate 0.1 (Figure 3)", run_cell, plan, summarise,
+STUDY = Study("depth", "Depth: first-epoch accuracy at learning rate 0.1 (Figure 3)", train_cell, plan, summarise,
               claims, markdown, figures)

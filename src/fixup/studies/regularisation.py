@@ -30,10 +30,6 @@ MIXUP_ALPHA = {**paper.MIXUP_ALPHA, "he": paper.MIXUP_ALPHA["batchnorm"]}  # he:
 SEARCH = "he_lr_search"
 
 
-def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
-    return train_cell(cell, work)
-
-
 def _search_cells(grid: Grid) -> list[Cell]:
     g = grid.regularisation
     return [Cell("regularisation", SEARCH, {"lr": lr}, 0, cost=image_cost(grid, g.depth, g.he_search_epochs), config={
@@ -55,7 +51,7 @@ def best_stable_lr(results: dict[float, dict[str, Any]]) -> tuple[float, str]:
 def plan(grid: Grid, store: Store) -> Plan:
     g = grid.regularisation
     search = _search_cells(grid)
-    tasks = [Task(c, run_cell) for c in search] if "he" in g.methods else []
+    tasks = [Task(c, train_cell) for c in search] if "he" in g.methods else []
     he_lr: float | None = None
     if tasks:
         done = {c.setting["lr"]: store.load(c) for c in search}
@@ -79,7 +75,7 @@ def plan(grid: Grid, store: Store) -> Plan:
                     fields["cutout"] = g.cutout
                 cell = Cell("regularisation", method, {"reg": reg}, seed, cost=image_cost(grid, g.depth, g.epochs),
                             config={"train": image_train(grid, method, seed, **fields)})
-                tasks.append(Task(cell, run_cell))
+                tasks.append(Task(cell, train_cell))
     return Plan(tasks, waiting)
 
 
@@ -196,5 +192,5 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
     return [plot_bars(groups, "test error (%)", folder / "regularisation.png")]
 
 
-STUDY = Study("regularisation", "Regularisation: Mixup and Cutout per method (Tables 1-2, Appendix C)", run_cell,
+STUDY = Study("regularisation", "Regularisation: Mixup and Cutout per method (Tables 1-2, Appendix C)", train_cell,
               plan, summarise, claims, markdown, figures)
