@@ -8,6 +8,7 @@ Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,14 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
 RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints"})
+
+
+def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
+    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the valid ones."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(names))}")
 
 
 @dataclass
@@ -88,11 +97,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build a config from a dict (e.g. a saved config.json); an unknown key is an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown training option(s) {', '.join(unknown)}; valid options are "
-                             f"{', '.join(sorted(names))}")
+        check_keys(cls, data, "training option")
         kwargs = dict(data)
         for key in ("betas", "milestones"):
             if key in kwargs:

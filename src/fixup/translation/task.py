@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..data.synthetic_translation import SyntheticTranslationConfig, write_synthetic_task
 from ..data.text import PAD, ParallelData, collate, load_parallel_data, token_batches
 from ..models import create_model
+from ..train.config import check_keys
 from .evaluate import DecodeConfig, corpus_bleu, translate_pairs
 
 if TYPE_CHECKING:
@@ -70,11 +71,7 @@ class TranslationOptions:
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(extra) - names)
-        if unknown:
-            raise ValueError(f"unknown translation option(s) {', '.join(unknown)} in --extra; valid ones are "
-                             f"{', '.join(sorted(names))}")
+        check_keys(cls, extra, "translation option (in --extra)")
         return cls(**extra)
 
 
