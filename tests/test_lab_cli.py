@@ -3,17 +3,10 @@
 import json
 
 import pytest
-import torch
 
 from fixup.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(capsys, tmp_path, *argv):

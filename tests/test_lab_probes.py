@@ -18,14 +18,7 @@ from fixup.lab import (
     update_sweep,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine is shared; these small convolutions run fastest on one thread."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
