@@ -69,7 +69,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # Adam/AdamW moment decay rates
     eps: float = 1e-8  # Adam/AdamW denominator epsilon
     weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
-    scalar_lr_mult: float = 1.0  # lr multiplier of Fixup's scalar biases/multipliers (paper, 4.2: 0.1 with Mixup)
+    scalar_lr_mult: float = 0.1  # lr multiplier of Fixup's scalars (the authors' code: 0.1); see fixup.param_groups
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
     grad_clip: float = 0.0  # clip the global gradient norm to this value (0 = off)
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
