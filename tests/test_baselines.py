@@ -210,7 +210,8 @@ def test_ablations_note_the_scalars_they_leave_out_once_and_warn_nothing(recwarn
     report = fixup.create_model("resnet20", init="fixup_no_bias").init_report
     assert report.notes == ["9 branches have no scalar biases (rule 3): the fixup_no_bias ablation leaves them out"]
     report = fixup.create_model("resnet20", init="fixup_no_scale").init_report
-    assert report.notes == ["9 branches have no scalar multiplier (rule 3): the fixup_no_scale ablation leaves them out"]
+    assert report.notes == ["9 branches have no scalar multiplier (rule 3): the fixup_no_scale ablation leaves "
+                            "them out"]
     assert report.warnings == [] and fixup.create_model("resnet20").init_report.warnings == []
     assert not [w for w in recwarn if issubclass(w.category, fixup.FixupWarning)]
 
