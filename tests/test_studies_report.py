@@ -89,9 +89,10 @@ def test_depth_plan_holds_every_method_at_the_batchnorm_rate():
     tasks = depth.plan(grid, Store("/nonexistent")).tasks
     assert {t.cell.method for t in tasks} >= {"fixup", "batchnorm", "lsuv", "sqrt2", "he"}
     assert {t.cell.config["train"]["lr"] for t in tasks} == {0.1}
-    scalar = {t.cell.method: t.cell.config["train"].get("scalar_lr_mult", 1.0) for t in tasks}
-    assert scalar["fixup"] == 1.0 and scalar["fixup_scalar_lr0.1"] == 0.1  # the paper's text; the authors' code
-    assert scalar["fixup_scalars_fixed"] == 0.0  # rules 1-2 alone, as in the analysis
+    init = {t.cell.method: t.cell.config["train"]["init"] for t in tasks}
+    assert init["fixup"] == "fixup" and init["fixup_paper"] == "fixup_paper"  # our correction beside the paper's
+    scaled = {t.cell.method: t.cell.config["train"].get("lr_reference_batch", 0) for t in tasks}
+    assert scaled["fixup_batch_scaled"] == 128 and scaled["fixup"] == 0  # the authors' 0.1 x batch / 128
     assert max(t.cell.setting["depth"] for t in tasks) == 10_000
     assert {t.cell.seed for t in tasks} == {0, 1, 2} and all(t.cell.config["train"]["epochs"] == 1 for t in tasks)
     batch = {t.cell.setting["depth"]: t.cell.config["train"]["batch_size"] for t in tasks}

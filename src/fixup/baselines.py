@@ -132,7 +132,8 @@ def orthonormal_init_(model: nn.Module, *, generator: torch.Generator | None = N
         nn.init.orthogonal_(mod.weight, generator=generator)
         if mod.bias is not None:
             mod.bias.zero_()
-        records.append(_record(name, mod, float(mod.weight.std()) if mod.weight.numel() > 1 else 0.0))
+        rows, cols = mod.weight.shape[0], mod.weight[0].numel()
+        records.append(_record(name, mod, math.sqrt(1.0 / max(rows, cols))))  # orthonormal rows (or columns)
     scalars = _reset_norms_and_scalars(model)
     return _plain_report(model, "lsuv", "orthonormal (LSUV step 1); LSUV rescaling pending", records, scalars)
 

@@ -26,8 +26,7 @@ class DepthGrid:
     model: str = "wide_resnet"  # Wide-ResNet width 1 (section 4.1); depths 6n+4
     width: int = 1
     depths: tuple[int, ...] = (10, 100, 1000, 10000)
-    methods: tuple[str, ...] = ("fixup", "fixup_scalar_lr0.1", "fixup_scalars_fixed", "batchnorm", "lsuv", "sqrt2",
-                                "he")
+    methods: tuple[str, ...] = ("fixup", "fixup_paper", "fixup_batch_scaled", "batchnorm", "lsuv", "sqrt2", "he")
     lr: float = paper.DEPTH_PROTOCOL["lr"]
     weight_decay: float = paper.DEPTH_PROTOCOL["weight_decay"]
     batch_size: int = paper.DEPTH_PROTOCOL["batch"]
@@ -137,8 +136,7 @@ _QUICK = dict(
     seeds=2,
     # batch 32: one epoch of digits' 1,437 training images is 45 SGD steps (the paper's CIFAR epoch is 390)
     depth=DepthGrid(depths=(10, 100, 1000), batch_size=32, batch_size_10000=32,
-                    methods=("fixup", "fixup_scalar_lr0.1", "fixup_scalars_fixed", "batchnorm", "lsuv", "sqrt2",
-                             "he")),
+                    methods=("fixup", "fixup_paper", "fixup_batch_scaled", "batchnorm", "lsuv", "sqrt2", "he")),
     ablation=AblationGrid(model="resnet_cifar", depth=32, batch_size=32, epochs=3),
     regularisation=RegularisationGrid(model="resnet_cifar", depth=14, methods=("fixup", "batchnorm", "he"),
                                       batch_size=32, epochs=6, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
