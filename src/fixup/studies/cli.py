@@ -66,7 +66,7 @@ class _Display:
         self.bar.n = p.done
         self.bar.set_postfix_str(f"{len(p.running)} running, {p.left} left, ETA {format_seconds(p.eta)}"
                                  + (f", {p.failed} failed" if p.failed else ""))
-        if message.startswith(("finished", "FAILED")):
+        if message.startswith(("finished", "FAILED", "PROBLEM")):
             self.bar.write(message)
 
     def close(self) -> None:
@@ -74,13 +74,8 @@ class _Display:
 
 
 def _run(args: argparse.Namespace, studies: list[str]) -> int:
-    from .estimate import calibrate, estimate_seconds
     from .grid import make_grid
-    from .registry import get_study
-    from .report import claim_rows
-    from .reproduce import plan_all, reproduce
-    from .runner import format_seconds
-    from .store import Store
+    from .store import Store, StoreLockedError
 
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
@@ -88,11 +83,27 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
         raise ValueError(f"--jobs must be 0 (automatic) or a positive number of processes, got {args.jobs}")
     args.jobs = args.jobs or _auto_jobs(args.device)
     out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
-    tasks, waiting = plan_all(grid, Store(out), [get_study(s) for s in studies])
+    store = Store(out)
+    try:
+        with store.lock("fixup " + shlex.join(sys.argv[1:])):
+            return _run_locked(args, studies, grid, out, store)
+    except StoreLockedError as err:
+        print(f"fixup: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: str, store: Any) -> int:
+    from .estimate import calibrate, estimate_seconds
+    from .registry import get_study
+    from .report import claim_rows
+    from .reproduce import plan_all, reproduce
+    from .runner import format_seconds
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
     side = grid.image_size or (8 if grid.data == "digits" else 32)
     spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
                     threads=max(1, (os.cpu_count() or 1) // args.jobs))
-    todo = [t for t in tasks if not Store(out).is_done(t.cell)]
+    todo = [t for t in tasks if not store.is_done(t.cell)]
     est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
           f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
@@ -114,6 +125,8 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
     finally:
         display.close()
+    for problem in dict.fromkeys(store.problems + result.problems):
+        print(f"fixup: {problem}", file=sys.stderr)
     print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
     print(f"report: {result.report}\nresults: {result.results}")
     for row in claim_rows(result.outputs, grid.skipped):
