@@ -33,6 +33,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
     p.add_argument("--plan", action="store_true", help="list the cells and the expected duration, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list every cell, the data it reads and its GPU hours under a stated throughput model; "
+                        "run nothing (for --full)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,6 +87,8 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     args.jobs = args.jobs or _auto_jobs(args.device)
     out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
     store = Store(out)
+    if args.dry_run:
+        return _dry_run(grid, store, studies)
     try:
         with store.lock("fixup " + shlex.join(sys.argv[1:])):
             return _run_locked(args, studies, grid, out, store)
@@ -138,6 +143,22 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
         for key in result.failed:
             print(f"  {key}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _dry_run(grid: Any, store: Any, studies: list[str]) -> int:
+    from .fullplan import dry_run
+    from .registry import get_study
+    from .reproduce import plan_all
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
+    plan = dry_run(tasks, waiting, grid)
+    for c in plan["cells"]:
+        print(f"  {c['cell']:60s} {c['gpu_hours']:9.3f} GPU h   {c['data']}")
+    if waiting:
+        print(f"  + {waiting} cells planned once the cells they depend on finish (counted at the mean)")
+    print(f"{len(plan['cells']) + waiting} cells, about {plan['gpu_hours']:.1f} GPU hours; throughput model: "
+          f"{plan['throughput_model']}")
     return 0
 
 

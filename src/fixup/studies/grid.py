@@ -186,7 +186,19 @@ def make_grid(mode: str, *, data: str = "digits", data_dir: str | None = None, s
     least = 3 if mode == "full" else 2
     if seeds is not None and seeds < least:
         raise ValueError(f"{mode} mode needs at least {least} seeds for a mean ± std, got --seeds {seeds}")
+    translation = base.translation
+    if mode == "full" and data_dir is not None and data in ("digits", "cifar10"):
+        from .fullplan import resolve_full_data
+
+        found = resolve_full_data(data_dir)  # a folder holding the paper's data sets in their published formats
+        if found["cifar10"] is None:
+            raise FileNotFoundError(f"--full --data-dir {data_dir}: no cifar-10-python.tar.gz or cifar-10-batches-py "
+                                    "there (the CIFAR-10 python archive, as published)")
+        data, data_dir = "cifar10", found["cifar10"]
+        if found["iwslt"]:
+            translation = replace(translation, data_dir=found["iwslt"],
+                                  extra={**translation.extra, "src_suffix": "de", "tgt_suffix": "en"})
     if data != "digits" and data_dir is None:
         raise ValueError(f"--data {data} reads local files: give --data-dir DIR (nothing is downloaded)")
-    return replace(base, data=data, data_dir=data_dir, image_size=image_size, device=device,
+    return replace(base, data=data, data_dir=data_dir, image_size=image_size, device=device, translation=translation,
                    seeds=seeds if seeds is not None else base.seeds)
