@@ -65,7 +65,7 @@ def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
 def _theory(args: argparse.Namespace) -> int:
     from . import plots
     from .scalar import forward_variance
-    from .theory import budget, lesson_lines
+    from .theory import budget, exponents, lesson_fixtures, lesson_lines
 
     print("\n".join(lesson_lines()))
     budgets = [budget(L, args.m, args.eta).to_dict() for L in args.depths]
@@ -76,7 +76,8 @@ def _theory(args: argparse.Namespace) -> int:
     print(f"\nforward second moment E[f^2]/x^2 at initialisation, scalar network, {args.draws} draws")
     print(table(variance, ["L", "standard_exact", "standard_mean_f2", "standard_median_f2", "fixup_mean_f2",
                            "fixup_max_abs_f_minus_x"]))
-    data = {"lesson": lesson_lines(), "budgets": budgets, "forward_variance": variance}
+    data = {"lesson": lesson_fixtures(), "exponents": exponents(tuple(sorted({2, 3, args.m}))), "budgets": budgets,
+            "forward_variance": variance}
     return _finish(args, data, lambda p: plots.plot_forward_variance(variance, p))
 
 

@@ -15,9 +15,11 @@ __all__ = ["register"]
 def _add_common(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="the reduced grid on the embedded data: about 15 minutes on 2 CPU cores (default)")
+                      help="the reduced grid on the embedded data (default); prints its own duration estimate, "
+                           "calibrated on this machine, before it starts")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
-                      help="the paper's scale (for a GPU); prints its expected duration first")
+                      help="the paper's scale (for a GPU): --data-dir D holds cifar-10-python.tar.gz (or "
+                           "cifar-10-batches-py) and iwslt14.de-en/; see --dry-run")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="a minimal grid that checks the whole pipeline in about a minute (CI)")
     p.set_defaults(mode="quick")
@@ -33,6 +35,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
     p.add_argument("--plan", action="store_true", help="list the cells and the expected duration, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list every cell, the data it reads and its GPU hours under a stated throughput model; "
+                        "run nothing (for --full)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +71,7 @@ class _Display:
         self.bar.n = p.done
         self.bar.set_postfix_str(f"{len(p.running)} running, {p.left} left, ETA {format_seconds(p.eta)}"
                                  + (f", {p.failed} failed" if p.failed else ""))
-        if message.startswith(("finished", "FAILED")):
+        if message.startswith(("finished", "FAILED", "PROBLEM")):
             self.bar.write(message)
 
     def close(self) -> None:
@@ -74,13 +79,8 @@ class _Display:
 
 
 def _run(args: argparse.Namespace, studies: list[str]) -> int:
-    from .estimate import calibrate, estimate_seconds
     from .grid import make_grid
-    from .registry import get_study
-    from .report import claim_rows
-    from .reproduce import plan_all, reproduce
-    from .runner import format_seconds
-    from .store import Store
+    from .store import Store, StoreLockedError
 
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
@@ -88,11 +88,29 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
         raise ValueError(f"--jobs must be 0 (automatic) or a positive number of processes, got {args.jobs}")
     args.jobs = args.jobs or _auto_jobs(args.device)
     out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
-    tasks, waiting = plan_all(grid, Store(out), [get_study(s) for s in studies])
+    store = Store(out)
+    if args.dry_run:
+        return _dry_run(grid, store, studies)
+    try:
+        with store.lock("fixup " + shlex.join(sys.argv[1:])):
+            return _run_locked(args, studies, grid, out, store)
+    except StoreLockedError as err:
+        print(f"fixup: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: str, store: Any) -> int:
+    from .estimate import calibrate, estimate_seconds
+    from .registry import get_study
+    from .report import claim_rows
+    from .reproduce import plan_all, reproduce
+    from .runner import format_seconds
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
     side = grid.image_size or (8 if grid.data == "digits" else 32)
     spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
                     threads=max(1, (os.cpu_count() or 1) // args.jobs))
-    todo = [t for t in tasks if not Store(out).is_done(t.cell)]
+    todo = [t for t in tasks if not store.is_done(t.cell)]
     est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
           f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
@@ -114,6 +132,8 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
     finally:
         display.close()
+    for problem in dict.fromkeys(store.problems + result.problems):
+        print(f"fixup: {problem}", file=sys.stderr)
     print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
     print(f"report: {result.report}\nresults: {result.results}")
     for row in claim_rows(result.outputs, grid.skipped):
@@ -125,6 +145,22 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
         for key in result.failed:
             print(f"  {key}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _dry_run(grid: Any, store: Any, studies: list[str]) -> int:
+    from .fullplan import dry_run
+    from .registry import get_study
+    from .reproduce import plan_all
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
+    plan = dry_run(tasks, waiting, grid)
+    for c in plan["cells"]:
+        print(f"  {c['cell']:60s} {c['gpu_hours']:9.3f} GPU h   {c['data']}")
+    if waiting:
+        print(f"  + {waiting} cells planned once the cells they depend on finish (counted at the mean)")
+    print(f"{len(plan['cells']) + waiting} cells, about {plan['gpu_hours']:.1f} GPU hours; throughput model: "
+          f"{plan['throughput_model']}")
     return 0
 
 
