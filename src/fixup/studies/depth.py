@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..groups import SCALAR_LR_MULT
 from . import paper
 from ._common import chance_level, image_cost, image_train, train_cell
 from .base import Plan, Study
@@ -17,7 +18,6 @@ from .cells import Cell, Task
 from .claims import ClaimRow, Protocol, judge, not_run
 from .evidence import Cells, cells_from_results, ci_halfwidth, outcome_of
 from .grid import Grid
-from ..groups import SCALAR_LR_MULT
 from .rows import image_protocol
 from .stats import group_records
 from .store import Store
