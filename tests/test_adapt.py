@@ -11,7 +11,7 @@ from torch import nn
 
 import fixup
 from fixup import Bias, Scale, adapt, branch_scale
-from fixup.adapt import AdaptError
+from fixup import AdaptError
 
 # --- torchvision-style ResNet (the module structure of torchvision.models.resnet, written here) ---
 

@@ -7,7 +7,7 @@
 9
 """
 
-from .adapt import AdaptError, AdaptReport, adapt
+from ._adapt import AdaptError, AdaptReport, adapt, load_original
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .checkpointing import enable_checkpointing
 from .fold import fold_for_inference
@@ -35,6 +35,7 @@ __all__ = [
     "Scale",
     "WeightSlice",
     "adapt",
+    "load_original",
     "branch_scale",
     "create_model",
     "enable_checkpointing",
