@@ -129,8 +129,12 @@ def adapt(
     name = type(model).__name__
     source = copy.deepcopy(model)
     swapped = V.slow_path_(source)
-    rec = record(source, args, leaf_modules)
-    other = _in_mode(source, not source.training, lambda: record(source, args, leaf_modules))
+    # The analysis uses eval mode (no dropout or stochastic depth draws); train mode is recorded to compare.
+    rec = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    try:
+        other: Recording | None = _in_mode(source, True, lambda: record(source, args, leaf_modules))
+    except ValueError:
+        other = None  # e.g. BatchNorm refuses a batch of one in train mode; nothing to compare
     modules = dict(source.named_modules())
     nonlinear_before = rec.nonlinearities(modules)
     analysis = analyse(rec.graph, modules)
@@ -163,8 +167,8 @@ def adapt(
     rw.declare(declared, classifier)
     report = fixup_init_(source, generator=generator, mode=mode, **init_options)
     branch_names = {id(b): n for n, b in find_branches(source)}
-    _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs])
-    after = record(source, args, leaf_modules)
+    _in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
+    after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
     nonlinear_after = after.nonlinearities(dict(source.named_modules()))
     if len(nonlinear_after) < len(nonlinear_before):
         lost = [x for x in nonlinear_before if x not in nonlinear_after] or nonlinear_before[len(nonlinear_after):]
@@ -179,10 +183,9 @@ def adapt(
     if swapped:
         notes.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented non-fast-path "
                      "computation (a subclass of the same module), as the fused fast path reads the norms")
-    if _signature(other) != _signature(rec):
-        traced = "train" if source.training else "eval"
-        notes.append(f"the forward computes differently in {'eval' if traced == 'train' else 'train'} mode (a Python "
-                     f"branch on self.training); the analysis used {traced} mode, the mode the model was in")
+    if other is not None and _signature(other) != _signature(rec):
+        notes.append("the forward computes differently in train mode than in eval mode (a Python branch on "
+                     "self.training other than dropout modules); the residual sums were found in eval mode")
     new_warnings = [*problems, *untied, *notes]
     if loaded.zeroed_overwritten:
         new_warnings.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
