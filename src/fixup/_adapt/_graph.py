@@ -122,7 +122,7 @@ class _Analyser:
     def _hidden_weights(self, node: fx.Node) -> bool:
         """A module call holding a weight matrix that is not a weight layer (a leaf kept whole)."""
         mod = T.module_of(node, self.modules)
-        return mod is not None and not T.is_weight_unit(node, self.modules) and \
+        return mod is not None and not T.is_weight_unit(node, self.modules) and not T.is_lookup(node) and \
             not T.is_norm(node, self.modules) and any(p.dim() >= 2 for p in mod.parameters())
 
     def _gate_operand(self, node: fx.Node) -> bool:
@@ -318,7 +318,7 @@ def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Modu
             ok = False
         mod = T.module_of(n, modules)
         if mod is not None and not T.is_weight_unit(n, modules) and not T.is_norm(n, modules) and \
-                any(p.dim() >= 2 for p in mod.parameters()):
+                not T.is_lookup(n) and any(p.dim() >= 2 for p in mod.parameters()):
             an.problems.append(Problem(n.name, (
                 f"{type(mod).__name__} on the branch of {r.add.name!r} holds a weight matrix but is not a "
                 "weight layer fixup_init_ can count (nn.Linear, nn.Conv1d/2d/3d, nn.MultiheadAttention)")))

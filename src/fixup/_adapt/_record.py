@@ -146,7 +146,7 @@ class _Recorder(TorchFunctionMode):
             self.inside_leaf = 0
             node = self.graph.create_node("call_module", path, self._arg(args), self._arg(kwargs))
             node.meta.update(self._meta())
-            if _matrix(mod) and not isinstance(mod, WEIGHT_LAYERS):
+            if _matrix(mod) and not isinstance(mod, WEIGHT_LAYERS) or isinstance(mod, nn.Embedding):
                 kind = _matrix_kind(mod, args, out)
                 if kind:
                     node.meta[V.WEIGHT_KIND] = kind
@@ -241,7 +241,9 @@ def _is_method(func: Any) -> bool:
 
 def _matrix_kind(mod: nn.Module, args: tuple, out: Any) -> str | None:
     w = mod._parameters["weight"]
-    if not (args and isinstance(args[0], Tensor) and args[0].is_floating_point() and isinstance(out, Tensor)):
+    if isinstance(mod, nn.Embedding) or (args and isinstance(args[0], Tensor) and not args[0].is_floating_point()):
+        return "lookup"  # an embedding table indexed by ids: not a linear map of the signal
+    if not (args and isinstance(args[0], Tensor) and isinstance(out, Tensor)):
         return None
     if args[0].shape[-1] == w.shape[0] and out.shape[-1] == w.shape[1]:
         return "transposed"

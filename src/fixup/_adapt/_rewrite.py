@@ -178,7 +178,9 @@ class Rewriter:
         return made
 
     def _bias_activation(self, n: fx.Node) -> list[Bias]:
-        src = next((a for a in n.args if isinstance(a, fx.Node)), None)
+        wrapper = _scope(n)
+        outer = self._activation_module(wrapper) if wrapper else None
+        src = outer or next((a for a in n.args if isinstance(a, fx.Node)), None)
         if src is None:
             return []
         b = self._biased(src)
@@ -188,10 +190,9 @@ class Rewriter:
         if n.op == "call_module" and self.calls.get(str(n.target)) == 1:
             self._hook_bias(self.modules[str(n.target)], str(n.target), {0: b})
             return [b]
-        wrapper = _scope(n)
-        inside = [m for m in self.graph.nodes if wrapper and _scope(m) == wrapper and m.op != "get_attr"]
-        if wrapper and inside == [n] and self.calls.get(wrapper) == 1:  # an activation module such as GELUActivation
+        if outer is not None:  # an activation written as a module (transformers' GELUActivation)
             self._hook_bias(self.modules[wrapper], wrapper, {0: b})
+            self.bias_of[outer] = b
             return [b]
         if src.op == "call_module" and self.calls.get(str(src.target)) == 1 and len(src.users) == 1:
             module = self.modules[str(src.target)]
@@ -203,6 +204,18 @@ class Rewriter:
         self.notes.append(f"no scalar bias before the activation {n.name!r} in {wrapper or 'the root'}: its input "
                           "is computed by a function, not by a module a bias can be attached to")
         return []
+
+    def _activation_module(self, path: str) -> fx.Node | None:
+        """The input of ``path`` if it is an activation written as a module: no parameters, called once, an
+        element-wise computation of one input with no weight layer or other module inside."""
+        mod = self.modules[path]
+        if self.calls.get(path) != 1 or any(True for _ in mod.parameters()):
+            return None
+        inside = [m for m in self.graph.nodes if path in (m.meta.get("nn_module_stack") or {})]
+        if not all(m.op in ("call_function", "call_method", "get_attr") for m in inside):
+            return None
+        outside = {p for m in inside for p in T.data_inputs(m) if p not in inside and p.op != "get_attr"}
+        return outside.pop() if len(outside) == 1 else None
 
     def branch(self, r: Residual) -> tuple[str, Branch]:
         """Put in the branch's scalars and return the block that declares it and its declaration."""

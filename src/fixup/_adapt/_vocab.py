@@ -26,6 +26,7 @@ __all__ = [
     "is_activation",
     "is_add",
     "is_gate",
+    "is_lookup",
     "is_meta",
     "is_norm",
     "is_passthrough",
@@ -80,9 +81,14 @@ def is_weight_unit(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
         node.op == "call_module" and node.meta.get(WEIGHT_KIND) in ("linear", "transposed")
 
 
+def is_lookup(node: fx.Node) -> bool:
+    """A call of an embedding table (ids in, rows out): it holds a matrix but is no weight layer of a branch."""
+    return node.op == "call_module" and node.meta.get(WEIGHT_KIND) == "lookup"
+
+
 # node.meta key set by the recorder on calls of other childless modules with a 2-D ``weight``: "linear" when
 # it maps the input's last dim like ``nn.Linear`` (weight out x in), "transposed" when like ``transformers``'
-# Conv1D (weight in x out), absent when its shape says neither (an embedding table).
+# Conv1D (weight in x out), "lookup" for an embedding table indexed by ids, absent when its shape says neither.
 WEIGHT_KIND = "fixup_weight_kind"
 
 
