@@ -105,6 +105,7 @@ class _Analyser:
         self.problems: list[Problem] = []
         self.notes: list[str] = []
         self.by_scope: dict[str, list[fx.Node]] = {}  # module path -> nodes created inside its forward
+        self.inputs = [n for n in self.anc.nodes if n.op == "placeholder"]
         for n in self.anc.nodes:
             for path, _ in (n.meta.get("nn_module_stack") or {}).values():
                 self.by_scope.setdefault(path, []).append(n)
@@ -115,9 +116,13 @@ class _Analyser:
         if not block:
             return set()
         hi = self.anc.index[out]
-        return {n for n in self.by_scope.get(block, ()) if self.anc.index[n] <= hi
+        return {n for n in self.by_scope.get(block, ()) if self.anc.index[n] <= hi and self._from_input(n)
                 and n.op in ("call_module", "call_function", "call_method") and self.anc.has(out, n)
                 and not self.anc.has(fork, n) and not self.anc.has(n, fork)}
+
+    def _from_input(self, node: fx.Node) -> bool:
+        """``node`` depends on one of the model's inputs (not only on parameters and constants)."""
+        return any(self.anc.has(node, p) for p in self.inputs)
 
     def _hidden_weights(self, node: fx.Node) -> bool:
         """A module call holding a weight matrix that is not a weight layer (a leaf kept whole)."""

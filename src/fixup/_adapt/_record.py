@@ -70,7 +70,7 @@ class Recording:
     """What one forward computed: the graph, the value reads, and each module's calls."""
 
     graph: fx.Graph
-    value_reads: list[str] = field(default_factory=list)   # decisions on tensor values, where they were made
+    value_reads: list[tuple[fx.Node, str]] = field(default_factory=list)  # reads of tensor values into Python
     calls: dict[str, int] = field(default_factory=dict)    # module path -> number of calls
     output: Any = None
 
@@ -104,9 +104,9 @@ class _Recorder(TorchFunctionMode):
     def is_leaf(self, mod: nn.Module) -> bool:
         if mod is self.root:
             return False
-        if isinstance(mod, (*WEIGHT_LAYERS, nn.MultiheadAttention, Bias, Scale, *self.leaves)) or is_plain_norm(mod):
+        if isinstance(mod, (*WEIGHT_LAYERS, nn.MultiheadAttention, *self.leaves)) or is_plain_norm(mod):
             return True
-        if isinstance(mod, V._ACTIVATIONS + V._PASSTHROUGH_MODULES) and not mod._modules:
+        if isinstance(mod, V._ACTIVATIONS + V._PASSTHROUGH_MODULES) and not mod._modules:  # Bias, Scale among them
             return True
         return _matrix(mod)
 
@@ -211,8 +211,8 @@ class _Recorder(TorchFunctionMode):
         if name in _VALUE_READS:
             if args and isinstance(args[0], Tensor) and id(args[0]) in self.nodes:
                 stack = [p for p, _ in self.stack]
-                self.rec.value_reads.append(f"{name} of {self.nodes[id(args[0])].name} in "
-                                            f"{stack[-1] if stack else 'the root'}")
+                node = self.nodes[id(args[0])]
+                self.rec.value_reads.append((node, f"{name} of {node.name} in {stack[-1] if stack else 'the root'}"))
             return out
         if not any(True for _ in _tensors_in(out)):
             return out  # a shape, a dtype, a Python number: no dependency worth tracking
