@@ -226,3 +226,20 @@ def test_gpt2_conv1d_and_tied_head() -> None:
                                                   for a in (0, 32, 64)]
     assert attention.zeroed.name == "transformer.h.0.attn.c_proj.weight.T"
     assert all(s.std == pytest.approx((2 / 32) ** 0.5 * 4 ** (-1 / 6)) for s in attention.scaled)
+
+
+def test_fixup_train_adapts_a_users_model(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from fixup.train import TrainConfig, fit
+
+    zoo = Path(__file__).with_name("adapt_zoo.py")
+    config = TrainConfig(adapt=f"{zoo}:TimmRegNet", channels=3, image_size=16, batch_size=64, max_updates=3,
+                         epochs=1, checkpoint=False, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FixupWarning)
+        result = fit(config, out_dir=None, progress=False)
+    assert result.outcome.status == "completed"
+    groups = {g["name"]: g for g in result.param_groups}
+    # The adapted model's scalars learn at lr/10, its 3 stream biases (bn of each block's conv3) share lr/10.
+    assert groups["scalars"]["lr"] == pytest.approx(0.01) and groups["stream_biases"]["lr"] == pytest.approx(0.01 / 3)
