@@ -82,6 +82,7 @@ class TrainConfig:
     # --- numerics and safety --------------------------------------------------------------------
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler)
     max_loss: float = 0.0  # a training loss above this counts as divergence (0 = only non-finite losses)
+    collapse_patience: int = 20  # steps with no live classifier input unit before the run ends collapsed (0 = off)
     seed: int = 0  # seed of initialisation, data order, augmentation and dropout
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     checkpoint_segments: int = 0  # activation checkpointing: recompute residual stages in this many segments (0 = off)
@@ -126,7 +127,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         nonneg = ("lr", "weight_decay", "grad_clip", "warmup_steps", "max_updates", "max_loss", "mixup_alpha",
                   "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width",
-                  "keep_checkpoints", "checkpoint_segments")
+                  "keep_checkpoints", "checkpoint_segments", "collapse_patience")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
