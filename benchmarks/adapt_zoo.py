@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import fixup  # noqa: E402
-from fixup.data.images import load_images  # noqa: E402
+import fixup
+from fixup.data.images import load_images
 
 TRAINED = ["resnet18 (torchvision ResNet)", "regnetx (timm RegNet, BatchNormAct2d)",
            "efficientnet (timm MBConv, BatchNormAct2d + SE)", "resnet (ResNetForImageClassification)"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from test_adapt import BasicBlock, Bottleneck, ResNet
 
 

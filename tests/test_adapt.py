@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import fixup
-from fixup import Bias, Scale, adapt, branch_scale
-from fixup import AdaptError
+from fixup import AdaptError, Bias, Scale, adapt, branch_scale
 
 # --- torchvision-style ResNet (the module structure of torchvision.models.resnet, written here) ---
 

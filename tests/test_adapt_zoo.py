@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 import torch
-from adapt_zoo import ZOO, Attention, Mlp, TimmConvNeXt, TimmRegNet, TimmViT
 from torch import nn
 
 import fixup
+from adapt_zoo import ZOO, Attention, Mlp, TimmConvNeXt, TimmRegNet, TimmViT
 from fixup import AdaptError, FixupWarning, adapt, branch_scale
 
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)

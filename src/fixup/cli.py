@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
 from ._adapt._cli import add_arguments as adapt_arguments
 
 __all__ = ["main", "write_json"]

@@ -32,7 +32,6 @@ from torch import Tensor, fx, nn
 from torch.overrides import TorchFunctionMode
 
 from ..branch import WEIGHT_LAYERS
-from ..nn import Bias, Scale
 from . import _vocab as V
 
 __all__ = ["FUSED", "Recording", "is_plain_norm", "record"]
@@ -146,7 +145,7 @@ class _Recorder(TorchFunctionMode):
             self.inside_leaf = 0
             node = self.graph.create_node("call_module", path, self._arg(args), self._arg(kwargs))
             node.meta.update(self._meta())
-            if _matrix(mod) and not isinstance(mod, WEIGHT_LAYERS) or isinstance(mod, nn.Embedding):
+            if (_matrix(mod) and not isinstance(mod, WEIGHT_LAYERS)) or isinstance(mod, nn.Embedding):
                 kind = _matrix_kind(mod, args, out)
                 if kind:
                     node.meta[V.WEIGHT_KIND] = kind

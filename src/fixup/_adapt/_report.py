@@ -80,7 +80,8 @@ class AdaptReport(FixupReport):
         for label, items in (("layer scale used as the branch multiplier", self.layer_scales),
                              ("fused Q/K/V layer counted as three", self.fused_qkv), ("untied", self.untied)):
             if items:
-                lines.append(f"  {label}: " + ", ".join(items[:4]) + (f" (+{len(items) - 4})" if len(items) > 4 else ""))
+                more = f" (+{len(items) - 4})" if len(items) > 4 else ""
+                lines.append(f"  {label}: " + ", ".join(items[:4]) + more)
         if self.weights_loaded or self.weights_dropped:
             lines.append(f"  original weights: {len(self.weights_loaded)} entries loaded, "
                          f"{len(self.weights_dropped)} dropped")

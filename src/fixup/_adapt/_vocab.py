@@ -23,6 +23,7 @@ from ..nn import Bias, Scale, residual_add
 
 __all__ = [
     "NORM_LAYERS",
+    "WEIGHT_KIND",
     "is_activation",
     "is_add",
     "is_gate",
@@ -31,7 +32,6 @@ __all__ = [
     "is_norm",
     "is_passthrough",
     "is_weight_unit",
-    "WEIGHT_KIND",
     "module_of",
     "slow_path_",
 ]
@@ -78,7 +78,7 @@ def is_weight_unit(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     """A weight layer (Linear/Conv, or a module whose 2-D weight acts as one: ``transformers``' Conv1D) or a
     multi-head attention, each one call of a leaf module."""
     return isinstance(module_of(node, modules), (*WEIGHT_LAYERS, nn.MultiheadAttention)) or \
-        node.op == "call_module" and node.meta.get(WEIGHT_KIND) in ("linear", "transposed")
+        (node.op == "call_module" and node.meta.get(WEIGHT_KIND) in ("linear", "transposed"))
 
 
 def is_lookup(node: fx.Node) -> bool:
