@@ -86,8 +86,8 @@ def test_pre_norm_transformer_gives_the_same_accounting_as_post_norm() -> None:
     pre = _build("transformer_tiny", "layernorm", pre_norm=True)
     _, report = adapt(pre, _example(pre))
     assert accounting(report) == accounting(_build("transformer_tiny", "fixup").init_report)
-    # Pre-norm LayerNorms sit before a weight layer (a scalar bias goes there) or on the stream: all go.
-    assert all(n.action == "removed" for n in report.norms_replaced)
+    # Pre-norm LayerNorms feed only their branch's first weight layers: each becomes their scalar bias.
+    assert all(n.action == "bias" and "next weight layer" in n.why for n in report.norms_replaced)
 
 
 def test_cifar_resnet_with_projection_shortcuts() -> None:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ._adapt._cli import add_arguments as adapt_arguments
+
 __all__ = ["main", "write_json"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
@@ -47,7 +49,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from .models import create_model
 
     if args.adapt:
-        from .adapt._cli import run
+        from ._adapt._cli import run
 
         return run(args)
     if args.model is None:
@@ -77,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="list every branch")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    importlib.import_module("fixup.adapt._cli").add_arguments(p)
+    adapt_arguments(p)
     p.set_defaults(func=_inspect)
     p = sub.add_parser("list", help="list registered models")
     p.add_argument("pattern", nargs="?", default="*")

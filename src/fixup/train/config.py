@@ -38,6 +38,7 @@ class TrainConfig:
     # --- task and model -------------------------------------------------------------------------
     task: str = "images"  # task kind: "images" (classification); others add themselves to fixup.train.task.TASKS
     model: str = "resnet_cifar"  # registered model name (fixup.list_models())
+    adapt: str = ""  # module:factory of a user's model: fixup.adapt-ed under norm fixup, else as built ("" = model)
     depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
     width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
     norm: str = "fixup"  # fixup | batchnorm | groupnorm | layernorm | none
