@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._devices import resolve_device
 from .memory import MEMORY_METHOD, peak_step_memory
 
 __all__ = ["VARIANTS", "BenchConfig", "benchmark", "build_variant", "format_table", "register"]
@@ -76,12 +77,6 @@ class BenchConfig:
         if self.reps < 1 or self.warmup < 0 or self.batch < 1:
             raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1; got reps={self.reps}, "
                              f"warmup={self.warmup}, batch={self.batch}")
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def build_variant(variant: str, depth: int, *, seed: int = 0) -> nn.Module:
@@ -260,7 +255,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import sys
 
-    from .cli import write_json
+    from ._io import write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)

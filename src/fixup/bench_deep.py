@@ -140,7 +140,7 @@ def format_deep_table(result: dict[str, Any]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from .cli import write_json
+    from ._io import write_json
 
     result = sweep(args.depths, args.batch, args.segments, args.steps, args.timeout,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))

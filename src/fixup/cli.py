@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import os
+import shlex
 import sys
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["main", "write_json"]
+from ._signals import Interrupted, signals_raise
+
+__all__ = ["main"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
 _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
                               "fixup.bench", "fixup.lab.cli", "fixup.bench_deep")
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` (atomically: a temporary file, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,6 +38,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from ._io import write_json
     from .models import create_model
 
     if args.adapt:
@@ -91,18 +86,80 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (with where to find help), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fixup", description="Fixup initialisation: library, laboratory, studies")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    parser = _Parser(prog="fixup", description="Fixup initialisation: library, laboratory, studies")
+    parser.add_argument("--version", action="version", version=f"fixup-lab {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
         importlib.import_module(name).register(sub)
     return parser
 
 
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+              line: str | None = None) -> None:
+    """Warnings shown by the command line: ``fixup: warning: ...`` on one line."""
+    print(f"fixup: {category.__name__}: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _command_name(args: argparse.Namespace | None, argv: Sequence[str]) -> str:
+    if args is None:
+        return "fixup"
+    sub = getattr(args, "lab_command", None)
+    return f"fixup {args.command}" + (f" {sub}" if sub else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"fixup {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    """Run one ``fixup`` command; returns its exit code.
+
+    Exit codes: 0 success; 2 bad options or input (one line on stderr naming the value and the fix);
+    130 / 143 stopped by SIGINT / SIGTERM (one line: what was kept and the command that resumes);
+    141 the reader of the output went away (``fixup list | head``); commands document others
+    (``fixup train``: 3 diverged).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
+    with signals_raise(), warnings.catch_warnings():
+        warnings.showwarning = _one_line
+        try:
+            args = build_parser().parse_args(argv)
+            _check_outputs(args)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at interpreter exit
+            return code
+        except Interrupted as err:
+            return _interrupted(err, _command_name(args, argv), argv)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+            return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
+        except (ValueError, OSError) as err:
+            text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+            print(f"{_command_name(args, argv)}: error: {text}", file=sys.stderr)
+            return 2
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Output paths every command shares, checked before any work starts."""
+    from ._io import check_output_dir, check_output_file
+
+    for name, option in (("out_dir", "--out-dir"), ("out", "--out")):
+        if getattr(args, name, None) is not None:
+            check_output_dir(getattr(args, name), option)
+    for name, option in (("json", "--json"), ("plot", "--plot")):
+        if getattr(args, name, None) is not None:
+            check_output_file(getattr(args, name), option)
+
+
+def _interrupted(err: Interrupted, command: str, argv: Sequence[str]) -> int:
+    kept = err.kept or "nothing was kept"
+    print(f"{command}: interrupted by {err.name}; {kept}; to resume run: fixup {shlex.join(argv)}", file=sys.stderr)
+    return err.exit_code

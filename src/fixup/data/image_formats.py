@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .images import adapt_channels
+from .augment import adapt_channels
 
 __all__ = ["LAYOUTS", "FolderImages", "read_cifar", "read_folder", "read_svhn"]
 

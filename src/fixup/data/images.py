@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .augment import resize_images
+from .augment import adapt_channels, resize_images
 
-__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "adapt_channels", "load_digits", "load_images"]
+__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "load_digits", "load_images"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "folder")
 
@@ -64,18 +64,6 @@ class TensorImages(Dataset):
         if self.size:
             x = resize_images(x, self.size, self.resize)
         return x, self.labels[idx]
-
-
-def adapt_channels(x: Tensor, channels: int) -> Tensor:
-    """Make a batch have ``channels`` channels: 0 keeps it, 1 <-> 3 by averaging or repeating."""
-    c = x.shape[1]
-    if channels in (0, c):
-        return x
-    if c == 1:
-        return x.expand(-1, channels, -1, -1).contiguous()
-    if channels == 1:
-        return x.mean(1, keepdim=True)
-    raise ValueError(f"cannot turn {c}-channel images into {channels} channels; use channels=0 (as stored), 1 or 3")
 
 
 @dataclass

@@ -50,7 +50,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
-    from ..cli import write_json
+    from .._io import write_json
 
     if args.json:
         write_json(args.json, data)

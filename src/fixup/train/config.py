@@ -8,9 +8,13 @@ Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mu
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._devices import check_device_name
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "TrainConfig"]
 
@@ -21,6 +25,25 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
 RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints"})
+
+
+def check_types(config: Any) -> None:
+    """Refuse field values whose type is not the field's (e.g. a hand-edited config.json with "lr": "0.1")."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, tp = getattr(config, f.name), hints[f.name]
+        origin = typing.get_origin(tp) or tp
+        if origin is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif origin is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif origin is tuple:
+            ok = isinstance(value, tuple) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value)
+        else:
+            ok = isinstance(value, origin)
+        if not ok:
+            raise ValueError(f"{f.name} must be of type {getattr(tp, '__name__', tp)}, got {value!r}")
 
 
 def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
@@ -100,8 +123,8 @@ class TrainConfig:
         check_keys(cls, data, "training option")
         kwargs = dict(data)
         for key in ("betas", "milestones"):
-            if key in kwargs:
-                kwargs[key] = tuple(float(v) for v in kwargs[key])
+            if isinstance(kwargs.get(key), (list, tuple)):
+                kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs).validate()
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +137,12 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Check every value the engine interprets; return ``self`` so calls can be chained."""
+        check_types(self)
+        floats = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), float)]
+        for name in [*floats, "betas", "milestones"]:
+            values = getattr(self, name)
+            if not all(math.isfinite(v) for v in (values if isinstance(values, tuple) else (values,))):
+                raise ValueError(f"{name} must be a finite number, got {values}")
         choices = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
                    "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad")}
         for name, allowed in choices.items():
@@ -129,6 +158,30 @@ class TrainConfig:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("seed", "split_seed"):
+            if not 0 <= getattr(self, name) < 2**32:
+                raise ValueError(f"{name} must be a whole number in [0, 2**32), got {getattr(self, name)}")
+        if self.gamma <= 0:
+            raise ValueError(f"gamma must be > 0 (the step schedule multiplies the lr by it), got {self.gamma}")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0 (Adam's denominator epsilon), got {self.eps}")
+        if self.scalar_lr_mult < 0:
+            raise ValueError(f"scalar_lr_mult must be >= 0, got {self.scalar_lr_mult}")
+        if self.scalar_weight_decay < 0 and self.scalar_weight_decay != -1:
+            raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
+                             f"{self.scalar_weight_decay}")
+        if self.dropout >= 1:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
+        if self.image_size < 0:
+            raise ValueError(f"image_size must be >= 0 pixels (0 = as stored), got {self.image_size}")
+        if self.channels not in (0, 1, 3):
+            raise ValueError(f"channels must be 0 (as stored), 1 or 3, got {self.channels}")
+        if self.crop_padding < -1:
+            raise ValueError(f"crop_padding must be >= 0 pixels, or -1 for the data set's default; got "
+                             f"{self.crop_padding}")
+        check_device_name(self.device)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if self.nesterov and (self.optimizer != "sgd" or self.momentum <= 0):

@@ -49,7 +49,7 @@ def _config(args: argparse.Namespace):
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from ..cli import write_json
+    from .._io import write_json
     from .evaluate import DecodeConfig
     from .run import train_and_evaluate
 

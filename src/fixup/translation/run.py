@@ -8,13 +8,13 @@ generated task, a word-for-word dictionary translation.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._io import write_json, write_text
 from ..data.synthetic_translation import SyntheticTranslationConfig, make_lexicon, word_for_word
 from .averaging import average_checkpoints
 from .evaluate import DecodeConfig, corpus_bleu, evaluate_bleu
@@ -61,13 +61,13 @@ def train_and_evaluate(config: TrainConfig, out_dir: str | Path, decode: DecodeC
         model.load_state_dict(average_checkpoints(averaged))
     device = next(model.parameters()).device
     bleu, hyps = evaluate_bleu(model, task.data, split, decode, device)
-    (out_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text(out_dir / f"{split}.hyp", "".join(h + "\n" for h in hyps))
     summary = {"model": config.model, "norm": config.norm, "outcome": result.outcome.to_dict(),
                "updates": result.outcome.step, "split": split, "bleu": bleu.to_dict(), "decode": asdict(decode),
                "averaged_checkpoints": averaged, **baselines(task, split), "final": result.final,
                "history": result.history,
                "parameters": sum(p.numel() for p in model.parameters()), "task": task.describe()}
-    (out_dir / "translation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(out_dir / "translation.json", summary)
     return summary
 
 
