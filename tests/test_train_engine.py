@@ -64,9 +64,15 @@ def test_sigint_stops_after_the_step_and_resumes(tmp_path) -> None:
         if info.step == 4:
             os.kill(os.getpid(), signal.SIGINT)
 
-    first = fit(cfg, out_dir=tmp_path, progress=False, on_step=interrupt)
-    assert first.outcome == "interrupted" and first.outcome.step == 4 and "SIGINT" in first.reason
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    # Our own handler: a background job inherits SIGINT ignored, and the engine leaves ignored signals alone.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        first = fit(cfg, out_dir=tmp_path, progress=False, on_step=interrupt)
+        assert first.outcome == "interrupted" and first.outcome.step == 4 and "SIGINT" in first.reason
+        assert first.stopped_by == "SIGINT" and first.exit_code == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert fit(cfg, out_dir=tmp_path, progress=False).outcome == "completed"
 
 

@@ -70,10 +70,13 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
 
     A divergence is a result (``outcome == "diverged"``), not an error.
     """
+    from .._signals import Interrupted
     from ..train import TrainConfig, fit
 
     config = TrainConfig.from_dict(dict(cell.config["train"]))
     result = fit(config, out_dir=work, progress=False)
+    if result.stopped_by:  # SIGINT/SIGTERM: the whole run stops (the cell's checkpoint is kept)
+        raise Interrupted.from_name(result.stopped_by)
     if result.outcome == "interrupted":  # not a result: the cell stays unfinished and resumes next time
         raise RuntimeError(f"cell {cell.key} was interrupted ({result.reason}); rerun to resume it")
     history = [{k: v for k, v in row.items() if isinstance(v, (int, float, str)) or v is None}

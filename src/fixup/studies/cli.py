@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
+from pathlib import Path
 from typing import Any
+
+from .._signals import Interrupted
 
 __all__ = ["register"]
 
@@ -82,6 +84,7 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     from .runner import format_seconds
     from .store import Store
 
+    _check_inputs(args)
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
     if args.jobs < 0:
@@ -108,10 +111,14 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     if args.mode == "full" and not args.yes and sys.stdin.isatty():
         input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
     display = _Display()
-    signal.signal(signal.SIGTERM, _interrupt)  # stop workers and leave resumable cells, as Ctrl-C does
-    try:
+    try:  # SIGINT and SIGTERM raise Interrupted (fixup._signals): workers are stopped, finished cells stay
         result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
+    except Interrupted as err:
+        display.close()
+        done = len(list(Path(out).glob("cells/*/*/*/seed*/cell_result.json")))
+        err.kept = (f"{done} finished cell(s) kept in {out}; unfinished cells resume from their checkpoints")
+        raise
     finally:
         display.close()
     print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
@@ -128,6 +135,18 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     return 0
 
 
+def _check_inputs(args: argparse.Namespace) -> None:
+    """What a study's cells would each fail on, refused once, before any cell starts."""
+    from .._devices import resolve_device
+
+    resolve_device(args.device)
+    if args.data_dir is not None and not Path(args.data_dir).exists():
+        raise FileNotFoundError(f"--data-dir {args.data_dir} does not exist; give the folder or archive of the "
+                                f"{args.data} data set")
+    if args.image_size is not None and args.image_size < 0:
+        raise ValueError(f"--image-size must be >= 0 pixels (0 = as stored), got {args.image_size}")
+
+
 def _auto_jobs(device: str) -> int:
     """One worker per CPU core (at most 8) on CPU; one on a GPU, whose cells would otherwise contend for it."""
     import torch
@@ -135,10 +154,6 @@ def _auto_jobs(device: str) -> int:
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _reproduce(args: argparse.Namespace) -> int:

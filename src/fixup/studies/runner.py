@@ -8,6 +8,7 @@ that the command line can draw it; library code never prints.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -86,7 +87,12 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]
 
 
 def _init_worker(threads: int) -> None:
-    """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported)."""
+    """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported).
+
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone decides; it
+    stops the workers with SIGTERM, on which the engine writes a checkpoint (fixup._signals).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)

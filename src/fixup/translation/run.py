@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._io import write_json, write_text
+from .._signals import Interrupted
 from ..data.synthetic_translation import SyntheticTranslationConfig, make_lexicon, word_for_word
 from .averaging import average_checkpoints
 from .evaluate import DecodeConfig, corpus_bleu, evaluate_bleu
@@ -50,6 +51,9 @@ def train_and_evaluate(config: TrainConfig, out_dir: str | Path, decode: DecodeC
     out_dir = Path(out_dir)
     task = TranslationTask(config, work_dir=out_dir)
     result = fit(config, out_dir=out_dir, task=task, progress=progress)
+    if result.stopped_by:  # SIGINT/SIGTERM: stop here, with the checkpoint of the last step kept; no decoding
+        raise Interrupted.from_name(result.stopped_by, kept=f"stopped after step {result.outcome.step}; checkpoint "
+                                                            f"kept in {out_dir / 'checkpoint.pt'}")
     model = result.model
     averaged: list[str] = []
     if average_last > 1:
