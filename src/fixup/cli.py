@@ -65,17 +65,20 @@ def _inspect(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="build a model and print its initialisation accounting report")
     p.add_argument("model", nargs="?", help="a registered model name (see `fixup list`)")
-    p.add_argument("--norm", default="fixup", help="fixup (default), batchnorm, groupnorm, layernorm or none")
-    p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm)")
-    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
-    p.add_argument("--width", type=int, default=None, help="width, for models that take one")
-    p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--verbose", action="store_true", help="list every branch")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--norm", default="fixup", help="normalisation: fixup, batchnorm, groupnorm, layernorm or none")
+    p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm; default None: the "
+                                                "norm's own)")
+    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one (default None: the "
+                                                           "model's own)")
+    p.add_argument("--width", type=int, default=None, help="width, for models that take one (default None: the "
+                                                           "model's own)")
+    p.add_argument("--num-classes", type=int, default=None, help="classifier outputs (default None: the model's own)")
+    p.add_argument("--verbose", action="store_true", help="list every branch, not only the first 12")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to this file")
     importlib.import_module("fixup.adapt._cli").add_arguments(p)
     p.set_defaults(func=_inspect)
     p = sub.add_parser("list", help="list registered models")
-    p.add_argument("pattern", nargs="?", default="*")
+    p.add_argument("pattern", nargs="?", default="*", help="shell-style pattern of the names to list, e.g. 'resnet*'")
     p.set_defaults(func=_list)
 
 
@@ -86,8 +89,27 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written; every option's help ends with its default."""
+
+
+class _Subcommands(argparse._SubParsersAction):
+    """Subcommands whose one-line help is also their description, unless they give a longer one."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if kwargs.get("description") is None and kwargs.get("help"):
+            kwargs["description"] = kwargs["help"][0].upper() + kwargs["help"][1:] + "."
+        return super().add_parser(name, **kwargs)
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line (with where to find help), exit code 2."""
+    """An argument parser whose usage errors are one line (with where to find help), exit code 2, and whose
+    help shows every option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["formatter_class"] = _Formatter
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -25,9 +25,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(mode="quick")
     p.add_argument("--data", default="digits", choices=("digits", "cifar10", "cifar100", "svhn"),
                    help="image data (default: digits, embedded; the others read --data-dir)")
-    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set")
+    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set (default None: "
+                                                    "digits needs none)")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<mode>); rerun to resume")
+    p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
@@ -44,10 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the paper's studies (depth, ablation, regularisation, ...) as resumable "
                                    "cells and write OUT/report.md, OUT/results.json and OUT/figures/*.png.")
     _add_common(p)
-    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)})")
+    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)}; "
+                                                f"default None: all)")
     p.set_defaults(func=_reproduce)
     p = sub.add_parser("study", help="run one study of the paper (resumable) and write its report")
-    p.add_argument("name", choices=list(STUDIES), help="the study")
+    p.add_argument("name", choices=list(STUDIES), help=f"the study to run: one of {', '.join(STUDIES)}")
     _add_common(p)
     p.set_defaults(func=_study)
 

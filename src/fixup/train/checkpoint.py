@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .._io import atomic_write
-from .config import RESUMABLE_CHANGES
+from .config import RESUMABLE_CHANGES, flatten
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointWarning", "check_compatible", "get_rng_state", "load_checkpoint",
            "previous_path", "read_state", "resume_state", "save_checkpoint", "set_rng_state", "state_digest"]
@@ -185,7 +185,15 @@ def resume_state(path: str | Path) -> tuple[dict[str, Any], Path, str] | None:
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str | Path) -> None:
-    """Refuse to resume when the saved config differs from the current one in anything that matters."""
+    """Refuse to resume when the saved config differs from the current one in anything that matters.
+
+    Either config may be by section or flat (checkpoints written before the sections).
+    """
+    try:
+        saved, current = flatten(saved), flatten(current)
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path} holds a config this version cannot read ({err}); use another "
+                              "--out-dir or --no-resume") from err
     keys = (set(saved) | set(current)) - RESUMABLE_CHANGES
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:

@@ -21,17 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from . import config as config_module
-from .config import TrainConfig
+from .config import SECTIONS, TrainConfig
 
 __all__ = ["config_from_args", "register"]
 
 
-def _field_comments() -> dict[str, str]:
-    """Each field's trailing comment in config.py: the option's help text."""
+def field_comments(cls: type) -> dict[str, str]:
+    """Each field's trailing comment in the source of the dataclass ``cls`` and its bases: the option's help."""
     pattern = re.compile(r"^\s+(\w+): [^=]+=.*?#\s*(.+)$")
-    return {m.group(1): m.group(2) for line in inspect.getsource(config_module).splitlines()
-            if (m := pattern.match(line))}
+    comments: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        comments.update({m.group(1): m.group(2) for line in inspect.getsource(klass).splitlines()
+                         if (m := pattern.match(line))})
+    return comments
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -46,16 +48,30 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per TrainConfig field; only the options given end up in the parsed namespace."""
+def add_config_options(parser: argparse.ArgumentParser, *, defaults: TrainConfig | None = None,
+                       skip: tuple[str, ...] = ()) -> None:
+    """One option per TrainConfig field, in one group per section (leaving out the sections in ``skip``).
+
+    Only the options given end up in the parsed namespace; ``defaults`` is the config whose values the
+    help shows (the command's own starting point; TrainConfig() by default).
+    """
     hints = typing.get_type_hints(TrainConfig)
-    comments = _field_comments()
-    group = parser.add_argument_group("training options (TrainConfig fields)")
-    for f in dataclasses.fields(TrainConfig):
-        flag, tp, default = "--" + f.name.replace("_", "-"), hints[f.name], f.default
-        shown = default if default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    comments = field_comments(TrainConfig)
+    defaults = defaults or TrainConfig()
+    for name, section in SECTIONS.items():
+        if name not in skip:
+            _add_section(parser, name, section, hints, comments, defaults)
+
+
+def _add_section(parser: argparse.ArgumentParser, name: str, section: type, hints: dict[str, Any],
+                 comments: dict[str, str], defaults: TrainConfig) -> None:
+    group = parser.add_argument_group(f"{name} options", (section.__doc__ or "").strip().splitlines()[0])
+    for f in dataclasses.fields(section):
+        flag, tp, shown = "--" + f.name.replace("_", "-"), hints[f.name], getattr(defaults, f.name)
+        if f.name not in comments:
+            raise TypeError(f"TrainConfig.{f.name} has no comment; its comment is the option's help text")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{comments.get(f.name, '')} (default: {shown!r})".replace("%", "%%")}
+                              "help": f"{comments[f.name]} (default: {shown!r})".replace("%", "%%")}
         if tp is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif tp in (int, float, str):

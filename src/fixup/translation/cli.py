@@ -74,7 +74,8 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..train.cli import add_config_options
+    from ..train.cli import add_config_options, field_comments
+    from .task import TranslationOptions, translation_config
 
     p = sub.add_parser("translate", help="train a Transformer on parallel text and report BLEU (docs/translation.md)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,10 +90,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pre-norm", action="store_true", help="LayerNorm before each branch (--norm layernorm)")
     p.add_argument("--joint-vocab", action="store_true", help="one sentencepiece vocabulary for both languages")
     p.add_argument("--share-embeddings", action="store_true", help="one embedding table (implies --joint-vocab)")
+    recipe = translation_config("tiny")
+    options = TranslationOptions.from_extra(dict(recipe.extra))
+    comments = field_comments(TranslationOptions)
+    group = p.add_argument_group("translation options", "shortcuts for TranslationOptions fields (the others go "
+                                                        "in --extra JSON); defaults of the tiny recipe")
     for key, tp in _OPTION_FLAGS.items():
-        p.add_argument("--" + key.replace("_", "-"), dest=f"tr_{key}", type=tp, default=None,
-                       metavar=tp.__name__.upper(), help="translation option (see TranslationOptions)")
+        group.add_argument("--" + key.replace("_", "-"), dest=f"tr_{key}", type=tp, default=None,
+                           metavar=tp.__name__.upper(),
+                           help=f"{comments[key]} (default: {getattr(options, key)!r})".replace("%", "%%"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(p)
+    add_config_options(p, defaults=recipe, skip=("images",))
     p.set_defaults(func=_translate)
