@@ -138,7 +138,8 @@ def load_images(name: str = "digits", *, data_dir: str | Path | None = None, ima
     ``data_dir`` is required for every set but ``digits``: the CIFAR python archive (``.tar.gz``) or
     its extracted folder, the folder holding SVHN's ``train_32x32.mat``/``test_32x32.mat``, or an
     image-folder root with ``train/<class>/*`` and ``val/<class>/*`` (``test/`` also accepted).
-    ``image_size`` (pixels, 0 = as stored; image folders default to 224), ``resize`` and ``channels``
+    ``image_size`` (pixels, 0 = as stored; image folders: the first training image's larger side), ``resize`` and
+    ``channels``
     adapt the images to a model. ``split_seed``/``test_fraction`` concern digits only.
     """
     from . import image_formats
@@ -152,10 +153,10 @@ def load_images(name: str = "digits", *, data_dir: str | Path | None = None, ima
         raise ValueError(f"data set {name!r} is read from local files: pass data_dir (--data-dir) pointing at "
                          f"{image_formats.LAYOUTS[name]}; nothing is downloaded")
     if name == "folder":
-        size = image_size or 224
-        train, test, classes = image_formats.read_folder(Path(data_dir), size=size, channels=channels)
+        train, test, classes = image_formats.read_folder(Path(data_dir), size=image_size, channels=channels)
         mean, std = _channel_stats(*STATS[name], channels)
-        return ImageData(name, train, test, len(classes), in_channels=len(mean), image_size=size, mean=mean, std=std,
+        return ImageData(name, train, test, len(classes), in_channels=len(mean), image_size=train.size, mean=mean,
+                         std=std,
                          classes=classes, source=str(data_dir))
     if name in ("cifar10", "cifar100"):
         (tx, ty), (vx, vy), classes = image_formats.read_cifar(Path(data_dir), name)

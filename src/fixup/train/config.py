@@ -1,6 +1,6 @@
 """The typed training configuration: one dataclass in sections, one comment per field, units where they apply.
 
-The sections (model, data, images, optimisation, regularisation, run) are dataclasses of their own;
+The sections (network, data, images, optimisation, regularisation, run) are dataclasses of their own;
 :class:`TrainConfig` combines them, so code reads ``config.lr`` while config.json groups the
 fields by section and image-only options stay apart from the rest (``fixup translate`` leaves them
 out). Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mult`` ->
@@ -168,7 +168,7 @@ class RunOptions:
 
 
 # The sections, in the order config.json and `fixup train --help` show them.
-SECTIONS: dict[str, type] = {"model": ModelOptions, "data": DataOptions, "images": ImageOptions,
+SECTIONS: dict[str, type] = {"network": ModelOptions, "data": DataOptions, "images": ImageOptions,
                              "optimisation": OptimisationOptions, "regularisation": RegularisationOptions,
                              "run": RunOptions}
 
@@ -182,7 +182,7 @@ def section_fields(section: str) -> tuple[str, ...]:
 class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageOptions, DataOptions, ModelOptions):
     """Everything that decides what a training run computes (defaults: Fixup ResNet-20 on digits).
 
-    The fields come in sections (:data:`SECTIONS`: model, data, images, optimisation, regularisation,
+    The fields come in sections (:data:`SECTIONS`: network, data, images, optimisation, regularisation,
     run), each its own dataclass; a config reads flat (``config.lr``) and is written by section
     (:meth:`to_dict`, config.json). :meth:`from_dict` reads both layouts, so older flat files still load.
     """
