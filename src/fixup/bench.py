@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._devices import resolve_device
+from ._devices import check_device_name, resolve_device
 from .memory import MEMORY_METHOD, peak_step_memory
 
 __all__ = ["VARIANTS", "BenchConfig", "benchmark", "build_variant", "format_table", "register"]
@@ -74,9 +74,14 @@ class BenchConfig:
         bad = [f for f in (self.formats or ()) if f not in FORMATS]
         if bad:
             raise ValueError(f"unknown format(s) {bad}; choose from {', '.join(FORMATS)}")
-        if self.reps < 1 or self.warmup < 0 or self.batch < 1:
-            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1; got reps={self.reps}, "
-                             f"warmup={self.warmup}, batch={self.batch}")
+        if self.reps < 1 or self.warmup < 0 or self.batch < 1 or self.image_size < 1:
+            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1, image_size >= 1; got reps={self.reps}, "
+                             f"warmup={self.warmup}, batch={self.batch}, image_size={self.image_size}")
+        from .models.resnet_cifar import check_cifar_depth
+
+        for depth in self.depths:
+            check_cifar_depth(depth)
+        check_device_name(self.device)
 
 
 def build_variant(variant: str, depth: int, *, seed: int = 0) -> nn.Module:
@@ -261,7 +266,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     from ._io import write_json
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     config = BenchConfig(depths=tuple(args.depths), variants=tuple(args.variants), batch=args.batch,
                          image_size=args.image_size, warmup=args.warmup, reps=args.reps, device=args.device,

@@ -140,7 +140,14 @@ def format_deep_table(result: dict[str, Any]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
+    from ._checks import check_numbers
     from ._io import write_json
+
+    check_numbers(args, positive=("batch", "steps", "timeout"))
+    for seg in args.segments:
+        if seg != "auto" and not (seg.isdigit()):
+            raise ValueError(f"--segments takes 0 (none), auto (sqrt of blocks) or a whole number of segments, "
+                             f"got {seg!r}")
 
     result = sweep(args.depths, args.batch, args.segments, args.steps, args.timeout,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ._checks import check_numbers
 from ._signals import Interrupted, signals_raise
 
 __all__ = ["main"]
@@ -47,6 +48,7 @@ def _inspect(args: argparse.Namespace) -> int:
         return run(args)
     if args.model is None:
         raise ValueError("give a registered model name (see `fixup list`) or --adapt module:factory")
+    check_numbers(args, positive=("depth", "width", "num_classes"))
 
     model = create_model(args.model, **_model_kwargs(args))
     report = model.init_report

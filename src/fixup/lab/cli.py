@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .._checks import check_numbers
+
 __all__ = ["register"]
 
 
@@ -61,6 +63,8 @@ def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
 
 
 def _theory(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "variance_depths", "draws", "eta"))
+    _check_m(args.m)
     from . import plots
     from .scalar import forward_variance
     from .theory import budget, lesson_lines
@@ -79,6 +83,8 @@ def _theory(args: argparse.Namespace) -> int:
 
 
 def _scalar(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "eta"), finite=("x", "y"))
+    _check_m(args.m)
     from . import plots
     from .scalar import ScalarConfig, scalar_sweep
 
@@ -91,6 +97,7 @@ def _scalar(args: argparse.Namespace) -> int:
 
 
 def _update(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "steps", "batch", "size", "num_classes"), nonneg=("lr", "scalar_lr"))
     from . import plots
     from .update import update_sweep
 
@@ -128,6 +135,7 @@ def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("batch", "size", "num_classes", "depth"), nonneg=("lr", "sym_steps"))
     from . import plots
     from .checks import residual_shapes, symmetry_probe
     from .methods import sample_batch
@@ -156,6 +164,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _coupling(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("companions", "size", "num_classes", "depth"))
     from . import plots
     from .checks import batch_coupling
     from .methods import sample_batch
@@ -169,6 +178,12 @@ def _coupling(args: argparse.Namespace) -> int:
     print(f"{args.model}: change of one example's outputs when its {args.companions} companions change")
     print(table(records, ["method", "mode", "output", "output_rel", "blocks", "blocks_rel", "worst_block"]))
     return _finish(args, records, lambda p: plots.plot_coupling(records, p))
+
+
+def _check_m(m: int) -> None:
+    if m < 2:
+        raise ValueError(f"--m must be >= 2 weight layers per branch (the Fixup factor L^(-1/(2m-2)) needs m > 1), "
+                         f"got {m}")
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -26,8 +27,11 @@ from .config import SECTIONS, TrainConfig
 __all__ = ["config_from_args", "register"]
 
 
+@functools.cache
 def field_comments(cls: type) -> dict[str, str]:
-    """Each field's trailing comment in the source of the dataclass ``cls`` and its bases: the option's help."""
+    """Each field's trailing comment in the source of the dataclass ``cls`` and its bases: the option's help.
+
+    Read once per class (finding a class's source parses its module)."""
     pattern = re.compile(r"^\s+(\w+): [^=]+=.*?#\s*(.+)$")
     comments: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):

@@ -49,11 +49,19 @@ def _config(args: argparse.Namespace):
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from .._checks import check_numbers
+    from .._devices import resolve_device
     from .._io import write_json
     from .evaluate import DecodeConfig
     from .run import train_and_evaluate
 
+    check_numbers(args, positive=("beam",), nonneg=("average_last", "lenpen"))
+    for key in ("max_tokens", "vocab_size", "synthetic_train", "bleu_limit", "synthetic_seed"):
+        value, least = getattr(args, f"tr_{key}"), 1 if key in ("max_tokens", "vocab_size", "synthetic_train") else 0
+        if value is not None and value < least:
+            raise ValueError(f"--{key.replace('_', '-')} must be >= {least}, got {value}")
     config = _config(args)
+    resolve_device(config.device)  # before the vocabulary and the generated data are written
     out_dir = args.out_dir or f"runs/translate-{config.model}-{config.norm}"
     decode = DecodeConfig(beam=args.beam, length_penalty=args.lenpen)
     summary = train_and_evaluate(config, out_dir, decode, average_last=args.average_last,
