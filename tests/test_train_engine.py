@@ -189,3 +189,15 @@ def test_activation_checkpointing_trains_the_same_model() -> None:
 def test_bf16_autocast_trains() -> None:
     result = fit(TrainConfig(**{**SMALL, "epochs": 1}, precision="bf16"), progress=False)
     assert result.outcome.status == "completed" and math.isfinite(result.final["train_loss"])
+
+
+def test_rerunning_a_finished_run_says_so_and_force_trains_again(tmp_path, capsys) -> None:
+    args = ["train", "--depth", "8", "--batch-size", "256", "--epochs", "1", "--no-progress", "--out-dir", str(tmp_path)]
+    assert cli_main(args) == 0
+    assert "completed after 1 epoch(s)" in capsys.readouterr().out
+    assert cli_main(args) == 0
+    again = capsys.readouterr()
+    assert "completed after" not in again.out  # the old result is not reprinted as if it had trained
+    assert "already ended (completed after 6 steps" in again.err and "Add --force" in again.err
+    assert cli_main([*args, "--force"]) == 0
+    assert "completed after 1 epoch(s), 6 steps" in capsys.readouterr().out
