@@ -11,8 +11,8 @@ from torch import nn
 
 import fixup
 from fixup import Bias, Scale
-from fixup.baselines import METHODS, data_init_, lsuv_, resolve_method
-from fixup.report import FixupReport
+from fixup.baselines import METHODS, data_init_, initialise_, lsuv_, resolve_method
+from fixup.report import FixupReport, InitReport
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -34,9 +34,8 @@ def test_combinations_that_make_no_sense_are_refused_with_the_list(norm: str, in
 def test_every_listed_combination_resolves_and_defaults_are_fixup_and_he() -> None:
     assert resolve_method("fixup").init == "fixup" and resolve_method("none").init == "he"
     assert resolve_method("batchnorm", None).init == "he"
-    for norm, inits in METHODS.items():
-        for init in inits:
-            assert resolve_method(norm, init).norm == norm
+    for name, method in METHODS.items():
+        assert resolve_method(method.norm, method.init) is method and method.name == name
     with pytest.raises(ValueError, match="unknown norm='weightnorm'"):
         resolve_method("weightnorm")
 
@@ -152,11 +151,10 @@ def test_data_init_runs_lsuv_once_for_lsuv_models_and_nothing_otherwise() -> Non
     assert data_init_(he, batch) == []
     assert all(torch.equal(state[k], v) for k, v in he.state_dict().items())
     model = fixup.create_model("resnet20", norm="none", init="lsuv", generator=_gen())
-    assert model.pending_data_init == "lsuv"
-    assert any("LSUV is not finished" in w for w in model.init_report.warnings)
+    assert model.init_report.data_init_pending and "PENDING" in str(model.init_report)
     records = data_init_(model, batch)
     assert len(records) == 20 and all(r.converged for r in records)
-    assert model.pending_data_init is None and model.init_report.data_init == records
+    assert not model.init_report.data_init_pending and model.init_report.data_init == records
     assert not model.init_report.warnings and "LSUV on a batch of 8" in model.init_report.scheme
     frozen = [p.clone() for p in model.parameters()]
     assert data_init_(model, batch) == []  # a second call changes nothing
@@ -168,26 +166,26 @@ def test_data_init_runs_lsuv_once_for_lsuv_models_and_nothing_otherwise() -> Non
                                                       ("batchnorm", "he", "He normal"), ("groupnorm", "he", "He")])
 def test_every_method_has_an_accounting_report(norm: str, init: str, scheme: str) -> None:
     report = fixup.create_model("resnet20", norm=norm, init=init).init_report
-    assert isinstance(report, FixupReport) and not report.is_fixup
+    assert isinstance(report, InitReport) and not isinstance(report, FixupReport) and not report.is_fixup
     assert report.num_branches == 9 and len(report.other_layers) == 20
     assert scheme in report.scheme and scheme in str(report)
     assert len(report.normalization) == {"none": 0, "batchnorm": 19, "groupnorm": 19}[norm]
     assert report.output_scale == (1 / math.sqrt(2) if init == "sqrt2" else 1.0)
-    again = FixupReport.from_dict(report.to_dict())
-    assert again == report
+    again = InitReport.from_dict(report.to_dict())
+    assert again == report and type(again) is InitReport
 
 
 def test_lsuv_report_round_trips_through_json() -> None:
     model = fixup.create_model("resnet20", norm="none", init="lsuv")
     data_init_(model, torch.randn(4, 3, 8, 8))
-    report = FixupReport.from_dict(model.init_report.to_dict())
+    report = InitReport.from_dict(model.init_report.to_dict())
     assert report == model.init_report and "all within tolerance" in str(report)
 
 
 def test_output_scale_must_match_the_method() -> None:
-    model = fixup.models.resnet_cifar.CifarResNet(8, norm="none", init="he")
+    model = fixup.models.resnet_cifar.CifarResNet(8, method="he")
     with pytest.raises(ValueError, match=r"output_scale 1 but init='sqrt2' needs 0\.707107"):
-        fixup.models._common.finish(model, "none", "sqrt2")
+        initialise_(model, fixup.METHODS["sqrt2"])
 
 
 @pytest.mark.parametrize(("name", "depths"), [("resnet_cifar", (8, 20, 56, 110, 200)),
@@ -208,9 +206,18 @@ def test_sqrt2_keeps_forward_variance_bounded_with_depth_while_plain_he_grows(na
     assert all(math.isfinite(v) and v > 0 for v in sqrt2)
 
 
-def test_ablations_report_the_scalars_they_leave_out_once() -> None:
-    warnings = fixup.create_model("resnet20", init="fixup_no_bias").init_report.warnings
-    assert warnings == ["9 branches have no scalar biases (rule 3): the fixup_no_bias ablation leaves them out"]
-    warnings = fixup.create_model("resnet20", init="fixup_no_scale").init_report.warnings
-    assert warnings == ["9 branches have no scalar multiplier (rule 3): the fixup_no_scale ablation leaves them out"]
-    assert fixup.create_model("resnet20").init_report.warnings == []
+def test_ablations_note_the_scalars_they_leave_out_once_and_warn_nothing(recwarn) -> None:
+    report = fixup.create_model("resnet20", init="fixup_no_bias").init_report
+    assert report.notes == ["9 branches have no scalar biases (rule 3): the fixup_no_bias ablation leaves them out"]
+    report = fixup.create_model("resnet20", init="fixup_no_scale").init_report
+    assert report.notes == ["9 branches have no scalar multiplier (rule 3): the fixup_no_scale ablation leaves "
+                            "them out"]
+    assert report.warnings == [] and fixup.create_model("resnet20").init_report.warnings == []
+    assert not [w for w in recwarn if issubclass(w.category, fixup.FixupWarning)]
+
+
+def test_report_warnings_reach_the_user_as_fixup_warnings() -> None:
+    model = fixup.create_model("resnet20", norm="batchnorm")
+    with pytest.warns(fixup.FixupWarning, match="normalisation layer 'norm1' .* is still present"):
+        report = fixup.fixup_init_(model)
+    assert len(report.warnings) == 19 + 2 * 9  # the norms, and each branch lacks its bias and multiplier

@@ -116,7 +116,9 @@ LAB = [["lab", *c] for c in [
     ["coupling", "resnet20", "--companions", "-1"], ["coupling", "resnet20", "--companions", "0"],
     ["coupling", "resnet20", "--companions", "x"], ["coupling", "resnet20", "--size", "0"],
     ["coupling", "resnet20", "--num-classes", "0"], ["coupling", "resnet20", "--methods", "nosuch"],
-    ["coupling", "nosuch"], ["nosuch"], [],
+    ["coupling", "nosuch"], ["stream", "resnet20", "--batch", "1"], ["stream", "resnet20", "--steps", "0"],
+    ["stream", "resnet20", "--lr", "nan"], ["stream", "resnet20", "--scalar-lr-mult", "-1"], ["stream", "nosuch"],
+    ["nosuch"], [],
 ]]
 
 INSPECT = [["inspect", *c] for c in [

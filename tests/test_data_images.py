@@ -217,4 +217,5 @@ def test_training_on_a_cifar_fixture_runs_every_augmentation(tmp_path) -> None:
     result = fit(cfg, out_dir=tmp_path / "run", progress=False)
     assert result.outcome == "completed" and result.final["step"] == 3
     assert result.task["crop_padding"] == 4 and result.task["hflip"] is True
-    assert {g["name"]: g["lr"] for g in result.param_groups} == pytest.approx({"weights": 0.1, "scalars": 0.01})
+    assert {g["name"]: g["lr"] for g in result.param_groups} == pytest.approx(
+        {"weights": 0.1, "scalars": 0.01, "stream_biases": 0.01 / 3})  # ResNet-8: three stream biases share 0.01

@@ -22,7 +22,7 @@ TINY = [
     ("resnet_imagenet_tiny", {}, 32),
     ("resnet_imagenet_bottleneck_tiny", {}, 32),
 ]
-COMBOS = [(norm, init) for norm, inits in METHODS.items() if norm != "layernorm" for init in inits]
+COMBOS = [(m.norm, m.init) for m in METHODS.values() if m.norm != "layernorm"]
 
 
 @pytest.mark.parametrize(("norm", "init"), COMBOS)
@@ -41,7 +41,7 @@ def test_every_method_runs_forward_and_backward_without_nan(name, kwargs, size, 
     assert model.init_report is not None and model.init_report.num_branches == len(find_branches(model))
 
 
-FIXUP_INITS = list(METHODS["fixup"])
+FIXUP_INITS = [m.init for m in METHODS.values() if m.fixup]
 
 
 @pytest.mark.parametrize("init", FIXUP_INITS)
@@ -87,7 +87,7 @@ def test_fixup_forms_are_the_identity_at_init(name, kwargs, size, init, monkeypa
 @pytest.mark.parametrize(("name", "params"), [("resnet20", 0.27e6), ("resnet56", 0.85e6), ("resnet110", 1.7e6)])
 def test_cifar_parameter_counts(name: str, params: float) -> None:
     with torch.device("meta"):  # counted without allocating or initialising anything
-        model = fixup.models.resnet_cifar.CifarResNet(int(name[6:]), norm="batchnorm")
+        model = fixup.models.resnet_cifar.CifarResNet(int(name[6:]), method="batchnorm")
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=0.03)
 
 

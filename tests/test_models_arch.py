@@ -51,8 +51,8 @@ def test_every_registered_image_model_runs_forward_and_backward(name: str) -> No
 def test_imagenet_parameter_counts_are_torchvisions(depth: int) -> None:
     published = {18: 11_689_512, 34: 21_797_672, 50: 25_557_032, 101: 44_549_160, 152: 60_192_808}
     with torch.device("meta"):  # counted without allocating or initialising anything
-        bn = ImageNetResNet(*LAYERS[depth], norm="batchnorm")
-        fx = ImageNetResNet(*LAYERS[depth], norm="fixup")
+        bn = ImageNetResNet(*LAYERS[depth], method="batchnorm")
+        fx = ImageNetResNet(*LAYERS[depth], method="fixup")
     assert _params(bn) == published[depth]
     norm_params = sum(p.numel() for m in bn.modules() if isinstance(m, nn.BatchNorm2d) for p in m.parameters())
     scalars = sum(p.numel() for m in fx.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters())
@@ -65,9 +65,9 @@ def test_imagenet_parameter_counts_are_torchvisions(depth: int) -> None:
 
 def test_wide_resnet_parameter_counts() -> None:
     with torch.device("meta"):
-        assert _params(WideResNet(28, 10, norm="batchnorm")) == 36_479_194  # "36.5 M" (Zagoruyko & Komodakis)
-        assert _params(WideResNet(28, 10, norm="fixup")) == pytest.approx(36.5e6, rel=0.01)
-        assert _params(WideResNet(16, 8, norm="batchnorm")) == pytest.approx(11.0e6, rel=0.01)
+        assert _params(WideResNet(28, 10, method="batchnorm")) == 36_479_194  # "36.5 M" (Zagoruyko & Komodakis)
+        assert _params(WideResNet(28, 10, method="fixup")) == pytest.approx(36.5e6, rel=0.01)
+        assert _params(WideResNet(16, 8, method="batchnorm")) == pytest.approx(11.0e6, rel=0.01)
 
 
 def test_bottleneck_branches_have_m_3_and_factor_l_to_the_minus_quarter() -> None:
@@ -134,7 +134,7 @@ def test_bad_imagenet_options_are_errors() -> None:
 
 def test_groupnorm_uses_32_groups_on_imagenet() -> None:
     with torch.device("meta"):
-        model = ImageNetResNet(*LAYERS[50], norm="groupnorm")
+        model = ImageNetResNet(*LAYERS[50], method="groupnorm")
     assert {m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)} == {32}
 
 

@@ -50,8 +50,11 @@ def test_impossible_depth_is_an_error(depth: object) -> None:
 
 
 def test_unknown_norm_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match="fixup, batchnorm, groupnorm, none"):
+    with pytest.raises(ValueError, match="unknown norm='layer'; the combinations that exist are: norm='fixup'"):
         fixup.create_model("resnet20", norm="layer")
+    with pytest.raises(ValueError, match="not available for the CIFAR ResNet; choose one of fixup, batchnorm, "
+                                         "groupnorm, none"):
+        fixup.create_model("resnet20", norm="layernorm")
 
 
 def test_plain_network_has_no_scalars() -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import fixup
 from fixup.baselines import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
@@ -71,7 +72,7 @@ def test_plain_path_is_the_reference_too():
     assert not any(getattr(m, "lean", False) for m in model.modules())
 
 
-_NO_NORM = [(norm, init) for norm in ("fixup", "none") for init in METHODS[norm] if init != "lsuv"]
+_NO_NORM = [(m.norm, m.init) for m in METHODS.values() if m.norm in ("fixup", "none") and m.init != "lsuv"]
 
 
 @pytest.mark.parametrize(("norm", "init"), _NO_NORM)
@@ -151,11 +152,11 @@ def test_lean_fixup_keeps_no_more_for_backward_than_the_bare_network():
 
 
 def test_lean_path_still_rejects_mismatched_residual_shapes():
-    block = BasicBlock(4, 4, norm="fixup")
+    block = BasicBlock(4, 4, fixup.METHODS["fixup"])
     block.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
     with pytest.raises(ValueError, match=r"shape \(1, 4, 6, 6\)"):
         block(torch.randn(1, 4, 6, 6))
-    bare = BasicBlock(4, 4, norm="none")
+    bare = BasicBlock(4, 4, fixup.METHODS["he"])
     bare.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
     with pytest.raises(ValueError, match="must match exactly"):
         bare(torch.randn(1, 4, 6, 6))

@@ -192,7 +192,8 @@ def test_bf16_autocast_trains() -> None:
 
 
 def test_rerunning_a_finished_run_says_so_and_force_trains_again(tmp_path, capsys) -> None:
-    args = ["train", "--depth", "8", "--batch-size", "256", "--epochs", "1", "--no-progress", "--out-dir", str(tmp_path)]
+    args = ["train", "--depth", "8", "--batch-size", "256", "--epochs", "1", "--no-progress",
+            "--out-dir", str(tmp_path)]
     assert cli_main(args) == 0
     assert "completed after 1 epoch(s)" in capsys.readouterr().out
     assert cli_main(args) == 0

@@ -146,7 +146,8 @@ def test_layernorm_placement_and_shared_embeddings():
     pre = small("layernorm", pre_norm=True, encoder_layers=2, decoder_layers=2)
     n_norms = [sum(isinstance(m, torch.nn.LayerNorm) for m in x.modules()) for x in (post, pre)]
     assert n_norms == [2 * 2 + 3 * 2, 2 * 2 + 3 * 2 + 2]  # pre-norm adds a final norm per stack
-    assert post.init_report is None and post.encoder[0].ffn.fc1.bias is not None
+    assert post.init_report.method == "layernorm" and not post.init_report.is_fixup
+    assert post.encoder[0].ffn.fc1.bias is not None
     fix = small()
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in fix.modules())
     assert fix.encoder[0].ffn.fc1.bias is None  # scalar biases replace the vector ones

@@ -11,20 +11,26 @@ from .adapt import AdaptError, AdaptReport, adapt
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .checkpointing import enable_checkpointing
 from .fold import fold_for_inference
+from .groups import param_groups
 from .init import branch_scale, fixup_init_
+from .method import METHODS, Method, resolve_method
 from .models import create_model, list_models, register_model
 from .nn import Bias, Scale, residual_add
-from .report import FixupReport
+from .report import FixupReport, FixupWarning, InitReport
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "METHODS",
     "AdaptError",
     "AdaptReport",
     "Bias",
     "Branch",
     "FixupClassifier",
     "FixupReport",
+    "FixupWarning",
+    "InitReport",
+    "Method",
     "ResidualBlock",
     "Scale",
     "WeightSlice",
@@ -35,6 +41,8 @@ __all__ = [
     "fixup_init_",
     "fold_for_inference",
     "list_models",
+    "param_groups",
     "register_model",
     "residual_add",
+    "resolve_method",
 ]

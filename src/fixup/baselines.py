@@ -1,26 +1,13 @@
 """The methods Fixup is compared against, its ablations, and the one place that initialises a model for one.
 
-A *method* is a ``(norm, init)`` pair (Zhang, Dauphin & Ma, ICLR 2019, sections 4-5 and appendix):
-
-- ``norm="fixup"``: Fixup (rules 1-3 of section 3), or one of its ablations (section 4.3, table 3):
-  ``fixup_no_depth_scale`` (rule 2's factor removed), ``fixup_scale_x0.1`` / ``fixup_scale_x10``
-  (the factor times 0.1 / 10), ``fixup_zero_branch`` (every branch weight zero),
-  ``fixup_no_bias`` (no scalar biases), ``fixup_no_scale`` (no scalar multiplier).
-- ``norm="none"``: no normalisation and no scalars, with ``he`` (He et al. 2015), ``xavier`` (Glorot &
-  Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; needs a data batch, see :func:`data_init_`) or
-  ``sqrt2`` (He, and every residual block's output ``x + F(x)`` multiplied by 1/sqrt(2): the depth
-  study's baseline, section 4.1).
-- ``norm="batchnorm"`` / ``"groupnorm"``: the normalised baselines, He-initialised; ``norm="layernorm"``
-  (the Transformer's baseline) with Xavier, as the authors' fairseq code (section 5).
-
-Builders call :func:`resolve_method` before building (the method decides which scalars exist and the
-blocks' output scale) and :func:`initialise_` after; every method leaves ``model.init_report``.
+The methods themselves are the typed table of :mod:`fixup.method`. A model's constructor calls
+:func:`initialise_` with its :class:`~fixup.method.Method` as its last step and keeps the report it returns;
+:func:`data_init_` finishes a data-dependent method (LSUV) on the first training batch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,13 +15,15 @@ from torch import nn
 from .branch import WEIGHT_LAYERS, find_branches
 from .init import fixup_init_
 from .lsuv import lsuv_
+from .method import METHODS, Method, resolve_method
 from .nn import Bias, Scale
-from .report import FixupReport, LayerRecord, LSUVRecord, describe_norm
+from .report import FixupReport, InitReport, LayerRecord, LSUVRecord, describe_norm, warn_report
 
 __all__ = [
     "METHODS",
     "Method",
     "data_init_",
+    "describe_init",
     "he_init_",
     "initialise_",
     "lsuv_",
@@ -44,75 +33,6 @@ __all__ = [
     "zero_branches_",
     "zero_last_norm_gains_",
 ]
-
-SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
-
-
-@dataclass(frozen=True)
-class Method:
-    """One ``(norm, init)`` combination and what it asks of the architecture and of the initialiser."""
-
-    norm: str
-    init: str
-    description: str
-    biases: bool = False  # branches carry Fixup's scalar biases (rule 3)
-    scale: bool = False  # branches carry Fixup's scalar multiplier (rule 3)
-    output_scale: float = 1.0  # multiplier on each residual block's output x + F(x)
-    depth_scaling: bool = True  # rule 2's factor L^(-1/(2m-2)) (Fixup forms only)
-    rescale: float = 1.0  # rule 2's factor times this (Fixup forms only)
-    zero_branch: bool = False  # every weight of every residual branch zero (ablation)
-
-    @property
-    def fixup(self) -> bool:
-        return self.norm == "fixup"
-
-    @property
-    def needs_data(self) -> bool:
-        """Whether the method finishes only once it has seen a batch (:func:`data_init_`)."""
-        return self.init == "lsuv"
-
-
-def _fixup(init: str, description: str, **kw: object) -> Method:
-    return Method("fixup", init, description, **{"biases": True, "scale": True, **kw})  # type: ignore[arg-type]
-
-
-_NORMED = "He-initialised convolutions, normalisation gain 1 and shift 0"
-METHODS: dict[str, dict[str, Method]] = {
-    "fixup": {m.init: m for m in (
-        _fixup("fixup", "Fixup: rules 1-3 (section 3)"),
-        _fixup("fixup_no_depth_scale", "Fixup without rule 2's depth factor (ablation)", depth_scaling=False),
-        _fixup("fixup_scale_x0.1", "Fixup with rule 2's factor times 0.1 (ablation)", rescale=0.1),
-        _fixup("fixup_scale_x10", "Fixup with rule 2's factor times 10 (ablation)", rescale=10.0),
-        _fixup("fixup_zero_branch", "Fixup with every residual-branch weight zero (ablation)", zero_branch=True),
-        _fixup("fixup_no_bias", "Fixup without the scalar biases (ablation)", biases=False),
-        _fixup("fixup_no_scale", "Fixup without the scalar multiplier (ablation)", scale=False),
-    )},
-    "none": {m.init: m for m in (
-        Method("none", "he", "no normalisation, He initialisation"),
-        Method("none", "xavier", "no normalisation, Xavier (Glorot) initialisation"),
-        Method("none", "lsuv", "no normalisation, LSUV (orthonormal, then unit output variance per layer)"),
-        Method("none", "sqrt2", "no normalisation, He initialisation, block outputs times 1/sqrt(2)",
-               output_scale=SQRT_HALF),
-    )},
-    **{norm: {"he": Method(norm, "he", f"{norm}, {_NORMED}")} for norm in ("batchnorm", "groupnorm")},
-    "layernorm": {"xavier": Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers")},
-}
-DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
-
-
-def _combinations() -> str:
-    return "; ".join(f"norm={norm!r} with init in ({', '.join(map(repr, inits))})" for norm, inits in METHODS.items())
-
-
-def resolve_method(norm: str, init: str | None = None) -> Method:
-    """The :class:`Method` for ``norm`` and ``init`` (``None``: the norm's default); a ValueError if none."""
-    if norm not in METHODS:
-        raise ValueError(f"unknown norm={norm!r}; the combinations that exist are: {_combinations()}")
-    key = DEFAULT_INIT[norm] if init is None else init
-    if key not in METHODS[norm]:
-        raise ValueError(f"init={init!r} does not combine with norm={norm!r}; the combinations that exist are: "
-                         f"{_combinations()}")
-    return METHODS[norm][key]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -136,15 +56,14 @@ def _reset_norms_and_scalars(model: nn.Module) -> int:
 
 
 def _plain_report(model: nn.Module, method: str, scheme: str, layers: list[LayerRecord],
-                  scalars: int) -> FixupReport:
+                  scalars: int) -> InitReport:
     norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
     handled = {id(m) for _, m in _named_weight_layers(model)}
     untouched = [f"{name} ({type(mod).__name__})" for name, mod in model.named_modules()
                  if id(mod) not in handled and describe_norm(name, mod) is None
                  and not isinstance(mod, (Bias, Scale)) and any(True for _ in mod.parameters(recurse=False))]
-    return FixupReport(num_branches=len(find_branches(model)), branches=[], classifier=[], other_layers=layers,
-                       untouched=untouched, num_scalars=scalars, normalization=norms, method=method,
-                       depth_scaling=False, scheme=scheme)
+    return InitReport(method=method, num_branches=len(find_branches(model)), other_layers=layers,
+                      untouched=untouched, num_scalars=scalars, normalization=norms, scheme=scheme)
 
 
 def _default_linear_(layer: nn.Module, generator: torch.Generator | None) -> float:
@@ -160,9 +79,17 @@ def _record(name: str, layer: nn.Module, std: float) -> LayerRecord:
     return LayerRecord(name, type(layer).__name__, list(layer.weight.shape), float(std))
 
 
+def describe_init(model: nn.Module, method: str, scheme: str) -> InitReport:
+    """The report of a model its own constructor initialised by ``scheme``: each weight layer's std as drawn."""
+    records = [_record(name, mod, float(mod.weight.detach().std()) if mod.weight.numel() > 1 else 0.0)
+               for name, mod in _named_weight_layers(model)]
+    scalars = sum(isinstance(m, (Bias, Scale)) for m in model.modules())
+    return _plain_report(model, method, scheme, records, scalars)
+
+
 @torch.no_grad()
 def he_init_(model: nn.Module, *, generator: torch.Generator | None = None, mode: str = "fan_out",
-             method: str = "he") -> FixupReport:
+             method: str = "he") -> InitReport:
     """He normal for every convolution (``mode`` fan, as torchvision's ResNet), PyTorch's default for linear
     layers, normalisation gain 1 and shift 0. Returns the accounting report."""
     records = []
@@ -184,7 +111,7 @@ def he_init_(model: nn.Module, *, generator: torch.Generator | None = None, mode
 
 
 @torch.no_grad()
-def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None) -> FixupReport:
+def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None) -> InitReport:
     """Xavier (Glorot & Bengio 2010) uniform for every weight layer, biases 0."""
     records = []
     for name, mod in _named_weight_layers(model):
@@ -198,7 +125,7 @@ def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None) 
 
 
 @torch.no_grad()
-def orthonormal_init_(model: nn.Module, *, generator: torch.Generator | None = None) -> FixupReport:
+def orthonormal_init_(model: nn.Module, *, generator: torch.Generator | None = None) -> InitReport:
     """Orthonormal weights (Saxe et al. 2014) for every weight layer, biases 0: LSUV's first step."""
     records = []
     for name, mod in _named_weight_layers(model):
@@ -276,50 +203,45 @@ def _check_output_scale(model: nn.Module, method: Method) -> None:
                              f"{method.output_scale:g}; build the model with the norm/init you initialise it for")
 
 
-def _collapse_ablation_warnings(report: FixupReport, method: Method) -> None:
-    """One line instead of one warning per branch for the scalars an ablation leaves out by design."""
+def _ablation_notes(report: FixupReport, method: Method) -> None:
+    """The scalars an ablation leaves out by design are a note of the report, not a warning."""
     for present, what in ((method.biases, "no scalar biases"), (method.scale, "no scalar multiplier")):
-        if present:
-            continue
-        kept = [w for w in report.warnings if not (w.startswith("branch ") and what in w)]
-        if len(kept) < len(report.warnings):
-            report.warnings = [*kept, f"{len(report.warnings) - len(kept)} branches have {what} (rule 3): "
-                                      f"the {method.init} ablation leaves them out"]
+        if not present:
+            report.notes.append(f"{report.num_branches} branches have {what} (rule 3): the {method.init} "
+                                "ablation leaves them out")
 
 
+@torch.no_grad()
 def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator | None = None,
-                zero_init_last_norm: bool = False, base: str = "he") -> FixupReport:
-    """Initialise a freshly built ``model`` for ``method``; sets and returns ``model.init_report``.
+                base: str = "he") -> InitReport:
+    """Initialise a freshly built ``model`` for ``method`` and return the report (a model's last step).
 
     ``base`` is the standard initialisation the Fixup forms start from (see :func:`fixup.fixup_init_`).
-
-    Also sets ``model.init_method`` (the :class:`Method`) and ``model.pending_data_init`` (``"lsuv"``
-    until :func:`data_init_` has run on a batch, else ``None``).
+    A data-dependent method (LSUV) leaves ``report.data_init_pending`` set until :func:`data_init_`
+    has run on a batch. The report's warnings are issued as :class:`fixup.FixupWarning`.
     """
-    if zero_init_last_norm and method.norm not in ("batchnorm", "groupnorm"):
-        raise ValueError(f"zero_init_last_norm applies to norm='batchnorm' or 'groupnorm', not norm={method.norm!r}")
     _check_output_scale(model, method)
+    report: InitReport
     if method.fixup:
         report = fixup_init_(model, generator=generator, depth_scaling=method.depth_scaling, rescale=method.rescale,
-                             base=base)
+                             base=base, stream_bias=method.stream_bias, expect_biases=method.biases,
+                             expect_scale=method.scale)
         if method.zero_branch:
             zero_branches_(model, report)
         report.method = method.init
-        _collapse_ablation_warnings(report, method)
+        _ablation_notes(report, method)
     elif method.init == "xavier":
         report = xavier_init_(model, generator=generator)
     elif method.init == "lsuv":
         report = orthonormal_init_(model, generator=generator)
-        report.warnings.append("LSUV is not finished: call fixup.baselines.data_init_(model, batch) with a "
-                               "training batch (the training engine does this with its first batch)")
+        report.data_init_pending = True
     else:
-        report = he_init_(model, generator=generator, method=method.init if method.norm == "none" else method.norm)
+        report = he_init_(model, generator=generator, method=method.name)
     report.output_scale = method.output_scale
-    if zero_init_last_norm:
+    if method.zero_init_last_norm:
         report.zeroed.extend(zero_last_norm_gains_(model))
-    model.init_method = method
-    model.pending_data_init = "lsuv" if method.needs_data else None
-    model.init_report = report
+    if not method.fixup:  # fixup_init_ has issued its own
+        warn_report(report, stacklevel=4)
     return report
 
 
@@ -331,30 +253,31 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def data_init_(model: nn.Module, batch: torch.Tensor | tuple | list, **lsuv_kwargs: float) -> list[LSUVRecord]:
     """The data-dependent step of the model's method, run once with the first training batch.
 
-    For a model built with ``init="lsuv"`` this runs :func:`lsuv_` on the batch's inputs (``batch`` may
-    be an input tensor or an ``(inputs, targets)`` pair), updates ``model.init_report`` and returns the
-    per-layer records; for every other model, or a second time, it does nothing and returns ``[]``.
-    Call it before wrapping the model in DistributedDataParallel; under ``torch.distributed`` the
-    rescaled weights are broadcast from rank 0 so that every process holds the same model.
+    For a model whose ``init_report`` has ``data_init_pending`` (built with ``init="lsuv"``) this runs
+    :func:`lsuv_` on the batch's inputs (``batch`` may be an input tensor or an ``(inputs, targets)`` pair),
+    fills the report's data-dependent section and returns the per-layer records; for every other model,
+    or a second time, it does nothing and returns ``[]``. Call it before wrapping the model in
+    DistributedDataParallel; under ``torch.distributed`` the rescaled weights are broadcast from rank 0 so
+    that every process holds the same model.
     """
     target = _unwrap(model)
-    if getattr(target, "pending_data_init", None) != "lsuv":
+    report = getattr(target, "init_report", None)
+    if not (isinstance(report, InitReport) and report.data_init_pending):
         return []
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
     records = lsuv_(target, inputs, orthonormal=False, **lsuv_kwargs)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         for _, layer in _named_weight_layers(target):
             torch.distributed.broadcast(layer.weight.data, src=0)
-    target.pending_data_init = None
-    report = getattr(target, "init_report", None)
-    if report is not None:
-        report.data_init = records
-        report.scheme = f"orthonormal, then LSUV on a batch of {inputs.shape[0]}"
-        report.warnings = [w for w in report.warnings if not w.startswith("LSUV is not finished")]
-        layers = dict(_named_weight_layers(target))
-        for rec in report.other_layers:  # the weights' spread after rescaling
-            if rec.name in layers and layers[rec.name].weight.numel() > 1:
-                rec.std = float(layers[rec.name].weight.detach().std())
-        report.warnings.extend(f"LSUV: {r.name} did not reach unit output variance ({r.variance:.4g})"
-                               for r in records if not r.converged)
+    report.data_init_pending = False
+    report.data_init = records
+    report.scheme = f"orthonormal, then LSUV on a batch of {inputs.shape[0]}"
+    layers = dict(_named_weight_layers(target))
+    for rec in report.other_layers:  # the weights' spread after rescaling
+        if rec.name in layers and layers[rec.name].weight.numel() > 1:
+            rec.std = float(layers[rec.name].weight.detach().std())
+    missed = [f"LSUV: {r.name} did not reach unit output variance ({r.variance:.4g})"
+              for r in records if not r.converged]
+    report.warnings.extend(missed)
+    warn_report(InitReport(method=report.method, warnings=missed))
     return records

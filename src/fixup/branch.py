@@ -107,9 +107,12 @@ class Branch:
         m: the number of weight layers that multiply along the path. Defaults to ``len(layers)``;
             set it where parallel layers multiply, e.g. attention: queries, keys and values times
             the output projection count as m = 4 although they are four layers side by side.
-        biases: the scalar biases (rule 3) placed on the branch.
+        biases: the scalar biases (rule 3) placed inside the branch, before its layers and activations.
         scale: the branch's scalar multiplier (rule 3), if any.
         shortcut: the shortcut's projection layer, if the shortcut is not the identity.
+        stream_bias: the scalar bias added after the branch's last layer (and multiplier), whatever it is
+            called: it shifts the residual stream itself. In a stage every such bias receives the same
+            gradient, so :func:`fixup.param_groups` gives them together one scalar's learning rate.
     """
 
     layers: Sequence[nn.Module | WeightSlice]
@@ -118,11 +121,17 @@ class Branch:
     biases: Sequence[Bias] = field(default_factory=list)
     scale: Scale | None = None
     shortcut: nn.Module | None = None
+    stream_bias: Bias | None = None
 
     @property
     def depth(self) -> int:
         """The m of the paper: weight layers multiplying along the branch."""
         return self.m if self.m is not None else len(self.layers)
+
+    @property
+    def all_biases(self) -> list[Bias]:
+        """The branch's scalar biases, the stream bias (if any) last."""
+        return [*self.biases, *([self.stream_bias] if self.stream_bias is not None else [])]
 
 
 @runtime_checkable

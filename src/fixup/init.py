@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from .branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_classifier
+from .method import Method
 from .nn import Bias, Scale
-from .report import BranchRecord, FixupReport, LayerRecord, describe_norm
+from .report import BranchRecord, FixupReport, LayerRecord, describe_norm, warn_report
 
 __all__ = ["BASE_INITS", "FAN_MODES", "base_std", "branch_scale", "fixup_init_", "he_std", "xavier_std"]
 
@@ -121,6 +122,9 @@ def fixup_init_(
     depth_scaling: bool = True,
     rescale: float = 1.0,
     base: str = "he",
+    stream_bias: str | None = None,
+    expect_biases: bool = True,
+    expect_scale: bool = True,
 ) -> FixupReport:
     """Apply the Fixup rule to ``model`` in place and return the accounting report.
 
@@ -138,7 +142,8 @@ def fixup_init_(
             what the authors' Transformer starts from). It applies to branch layers before depth
             scaling, to shortcut projections and to other weight layers alike.
 
-    Every check runs before any weight changes, so a model is never left half-initialised.
+    Every check runs before any weight changes, so a model is never left half-initialised. Each warning
+    of the report is also issued as a :class:`fixup.FixupWarning`.
     Calling it again draws a fresh model from the same distribution and gives the same report.
     """
     if mode not in FAN_MODES:
@@ -147,6 +152,10 @@ def fixup_init_(
         raise ValueError(f"base must be one of {BASE_INITS}, got {base!r}")
     if not (rescale > 0 and math.isfinite(rescale)):
         raise ValueError(f"rescale must be a positive finite number, got {rescale!r}")
+    own = getattr(model, "method", None)
+    stream = stream_bias or (own.stream_bias if isinstance(own, Method) else "budget")
+    if stream not in ("budget", "paper", "none"):
+        raise ValueError(f"stream_bias must be 'budget' or 'paper', got {stream_bias!r}")
     names = {id(mod): name for name, mod in model.named_modules()}
     branches = find_branches(model)
     if not branches:
@@ -175,9 +184,9 @@ def fixup_init_(
         short = None
         if branch.shortcut is not None:
             short = _check_layer(branch.shortcut, f"shortcut of {block!r}", names)
-        if branch.scale is None:
+        if branch.scale is None and expect_scale:
             warnings.append(f"branch {block!r} has no scalar multiplier (rule 3)")
-        if not branch.biases:
+        if not branch.all_biases and expect_biases:
             warnings.append(f"branch {block!r} has no scalar biases (rule 3)")
         plan.append((block, branch, layer_names, short))
     classifier = find_classifier(model)
@@ -206,7 +215,7 @@ def fixup_init_(
                 scaled.append(_record(lname, layer, std))
             last = branch.layers[-1]
             _draw_(last, 0.0, generator)
-            for scalar in (*branch.biases, *([branch.scale] if branch.scale is not None else [])):
+            for scalar in (*branch.all_biases, *([branch.scale] if branch.scale is not None else [])):
                 scalar.reset_parameters()
             shortcut_rec = None
             if branch.shortcut is not None:
@@ -215,7 +224,8 @@ def fixup_init_(
                 shortcut_rec = _record(short, branch.shortcut, std)
                 handled.add(id(branch.shortcut))
             records.append(BranchRecord(block, branch.kind, m, factor, scaled, _record(layer_names[-1], last, 0.0),
-                                        len(branch.biases), branch.scale is not None, shortcut_rec))
+                                        len(branch.all_biases), branch.scale is not None, shortcut_rec,
+                                        branch.stream_bias is not None))
         cls_records = []
         for layer, lname in zip(classifier, cls_names):
             _draw_(layer, 0.0, generator)
@@ -231,9 +241,13 @@ def fixup_init_(
                 other.append(_record(name, mod, std))
             elif id(mod) not in handled and any(True for _ in mod.parameters(recurse=False)):
                 untouched.append(f"{name} ({type(mod).__name__})")
-    return FixupReport(
+    num_stream = sum(b.stream_bias is not None for _, b in branches)
+    report = FixupReport(
         num_branches=L, branches=records, classifier=cls_records, other_layers=other, untouched=untouched,
         num_scalars=num_scalars, normalization=norms, warnings=warnings,
         method="fixup" if depth_scaling and rescale == 1.0 else "fixup (ablation)",
         fan_mode=mode, depth_scaling=depth_scaling, rescale=rescale, base_init=base,
+        num_stream_biases=num_stream, stream_bias=stream if num_stream else "none",
     )
+    warn_report(report)
+    return report

@@ -9,13 +9,15 @@ parameters and running state).
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
-__all__ = ["BranchRecord", "FixupReport", "LSUVRecord", "LayerRecord", "NormRecord", "describe_norm"]
+__all__ = ["BranchRecord", "FixupReport", "FixupWarning", "InitReport", "LSUVRecord", "LayerRecord", "NormRecord",
+           "describe_norm", "warn_report"]
 
 
 @dataclass
@@ -44,6 +46,12 @@ class BranchRecord:
     num_biases: int
     has_scale: bool
     shortcut: LayerRecord | None = None
+    stream_bias: bool = False  # whether one of its biases sits on the residual stream (after the last layer)
+
+    @property
+    def scale(self) -> float:
+        """Rule 2's factor for this branch's inner weights (the same as ``factor``)."""
+        return self.factor
 
 
 @dataclass
@@ -94,69 +102,182 @@ def describe_norm(name: str, module: nn.Module) -> NormRecord | None:
     return NormRecord(name, type(module).__name__, axes, float(module.eps), bool(affine), bool(running))
 
 
-@dataclass
-class FixupReport:
-    """What an initialisation did, branch by branch. ``str(report)`` is a table, ``to_dict()`` JSON."""
+class FixupWarning(UserWarning):
+    """What an initialisation report marks as a warning, raised through :func:`warnings.warn`.
 
-    num_branches: int
-    branches: list[BranchRecord]
-    classifier: list[LayerRecord]
+    Filter it by category (``warnings.simplefilter("ignore", fixup.FixupWarning)``), never by text.
+    """
+
+
+def warn_report(report: InitReport, stacklevel: int = 3) -> None:
+    """Issue each of ``report.warnings`` as a :class:`FixupWarning`."""
+    for message in report.warnings:
+        warnings.warn(message, FixupWarning, stacklevel=stacklevel)
+
+
+def _layers(items: list[dict[str, Any]] | None) -> list[LayerRecord]:
+    return [LayerRecord(**d) for d in items or []]
+
+
+@dataclass
+class InitReport:
+    """What an initialisation did to a model: the part every method shares.
+
+    ``str(report)`` is a table, ``to_dict()`` JSON. Fixup's report (:class:`FixupReport`) adds the
+    branch accounting; a data-dependent method (LSUV) fills ``data_init`` once it has seen a batch.
+    """
+
+    method: str
+    num_branches: int = 0
+    # How the weights were drawn (e.g. "Xavier uniform").
+    scheme: str = ""
     other_layers: list[LayerRecord] = field(default_factory=list)
     untouched: list[str] = field(default_factory=list)
     num_scalars: int = 0
     normalization: list[NormRecord] = field(default_factory=list)
+    # Problems the user should see (also issued as FixupWarning); `notes` are choices made by design.
     warnings: list[str] = field(default_factory=list)
-    method: str = "fixup"
+    notes: list[str] = field(default_factory=list)
     fan_mode: str = "fan_out"
-    depth_scaling: bool = True
-    rescale: float = 1.0
-    base_init: str = "he"
-    # For methods other than Fixup: how the weights were drawn (e.g. "Xavier uniform"); empty means He.
-    scheme: str = ""
     # The multiplier on each residual block's output x + F(x) (1/sqrt(2) for that baseline, else 1).
     output_scale: float = 1.0
     # Tensors zeroed outside rule 1 (normalisation gains, branch weights of the zero-branch ablation).
     zeroed: list[str] = field(default_factory=list)
-    # What a data-dependent initialisation (LSUV) did, layer by layer, once it has run.
+    # The data-dependent section: whether it is still to run, and what it did layer by layer.
+    data_init_pending: bool = False
     data_init: list[LSUVRecord] = field(default_factory=list)
 
     @property
     def is_fixup(self) -> bool:
-        """Whether this report describes Fixup or one of its ablations."""
-        return self.method.startswith("fixup")
+        """Whether this report describes Fixup or one of its variants."""
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, **asdict(self)}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names - {"kind"})
+        if unknown:
+            raise ValueError(f"{cls.__name__}.from_dict: unknown field(s) {unknown}; is this a report of "
+                             "another version?")
+        out = {k: v for k, v in data.items() if k in names}
+        out["other_layers"] = _layers(data.get("other_layers"))
+        out["normalization"] = [NormRecord(**n) for n in data.get("normalization", [])]
+        out["data_init"] = [LSUVRecord(**r) for r in data.get("data_init", [])]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InitReport:
+        """The report ``to_dict`` wrote, as the class it was (``kind``), or as ``cls``."""
+        kind = data.get("kind")
+        for sub in (cls, *_subclasses(InitReport)):
+            if sub.__name__ == kind and issubclass(sub, cls):
+                return sub(**sub._fields_from(data))
+        return cls(**cls._fields_from(data))
+
+    def format(self, max_branches: int = 12) -> str:
+        """The report as a table."""
+        lines = [f"Initialisation report: method {self.method}, {self.scheme or 'He init with ' + self.fan_mode}"]
+        lines.append(f"L = {self.num_branches} residual branches, not rescaled (no Fixup rule applies)")
+        if self.output_scale != 1.0:
+            lines.append(f"every residual block's output x + F(x) is multiplied by {self.output_scale:.6g}")
+        layers = self.other_layers
+        lines.append(f"weight layers initialised: {len(layers)}" + _some(layers, 4, ": "))
+        if self.zeroed:
+            lines.append("zeroed: " + _some(self.zeroed, 6))
+        if self.untouched:
+            lines.append("left alone: " + _some(self.untouched, 6))
+        lines.append(f"scalar parameters: {self.num_scalars}")
+        lines.extend(self._format_norms())
+        lines.extend(self._format_tail())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def _format_norms(self) -> list[str]:
+        if not self.normalization:
+            return ["normalisation still present: none"]
+        lines = [f"normalisation still present: {len(self.normalization)} layers"]
+        for kind, count in Counter((n.type, n.axes, n.eps, n.affine, n.running_stats)
+                                   for n in self.normalization).items():
+            t, axes, eps, affine, running = kind
+            lines.append(f"  {count} x {t}: over {axes}, eps {eps:g}, affine {affine}, "
+                         f"running statistics {running}")
+        return lines
+
+    def _format_tail(self) -> list[str]:
+        lines = []
+        if self.data_init_pending:
+            lines.append("data-dependent initialisation: PENDING (fixup.baselines.data_init_(model, batch); "
+                         "the training engine runs it on its first batch)")
+        if self.data_init:
+            bad = [r for r in self.data_init if not r.converged]
+            lines.append(f"data-dependent initialisation: {len(self.data_init)} layers rescaled, "
+                         + (f"{len(bad)} NOT within tolerance" if bad else "all within tolerance"))
+            lines.extend(f"  {r}" for r in (bad or self.data_init)[:4])
+        lines.extend(f"note: {n}" for n in self.notes)
+        lines.append("warnings: " + ("none" if not self.warnings else ""))
+        lines.extend(f"  - {w}" for w in self.warnings)
+        return lines
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def _some(items: list[Any], k: int, prefix: str = "") -> str:
+    if not items:
+        return ""
+    more = f", ... {len(items) - k} more" if len(items) > k else ""
+    return prefix + ", ".join(map(str, items[:k])) + more
+
+
+@dataclass
+class FixupReport(InitReport):
+    """What ``fixup_init_`` did, branch by branch: the Fixup section of the initialisation report."""
+
+    method: str = "fixup"
+    branches: list[BranchRecord] = field(default_factory=list)
+    classifier: list[LayerRecord] = field(default_factory=list)
+    depth_scaling: bool = True
+    rescale: float = 1.0
+    base_init: str = "he"
+    # The scalar bias after each branch's last layer, on the residual stream: how many, and how they learn
+    # ("budget": together at one scalar's rate; "paper": each at the scalar rate; "none": absent).
+    num_stream_biases: int = 0
+    stream_bias: str = "none"
+
+    @property
+    def is_fixup(self) -> bool:
+        return True
 
     @property
     def shortcuts(self) -> list[LayerRecord]:
         """Shortcut projections (He-initialised, not depth-scaled)."""
         return [b.shortcut for b in self.branches if b.shortcut is not None]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FixupReport:
-        def layer(d: dict[str, Any] | None) -> LayerRecord | None:
-            return None if d is None else LayerRecord(**d)
-
-        fields = dict(data)
-        fields["branches"] = [
-            BranchRecord(**{**b, "scaled": [LayerRecord(**s) for s in b["scaled"]],
-                            "zeroed": layer(b["zeroed"]), "shortcut": layer(b["shortcut"])})
-            for b in data["branches"]
+    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
+        out = super()._fields_from(data)
+        out["branches"] = [
+            BranchRecord(**{**b, "scaled": _layers(b["scaled"]), "zeroed": LayerRecord(**b["zeroed"]),
+                            "shortcut": None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
+            for b in data.get("branches", [])
         ]
-        fields["classifier"] = [LayerRecord(**c) for c in data["classifier"]]
-        fields["other_layers"] = [LayerRecord(**c) for c in data.get("other_layers", [])]
-        fields["normalization"] = [NormRecord(**n) for n in data.get("normalization", [])]
-        fields["data_init"] = [LSUVRecord(**r) for r in data.get("data_init", [])]
-        return cls(**fields)
+        out["classifier"] = _layers(data.get("classifier"))
+        return out
 
     def format(self, max_branches: int = 12) -> str:
         """The report as a table; at most ``max_branches`` branches are listed one by one."""
-        if not self.is_fixup:
-            return self._format_plain()
         base = f"He init with {self.fan_mode}" if self.base_init == "he" else "Xavier (Glorot) normal init"
         lines = [f"Accounting report: method {self.method}, {base}"]
         scaling = "depth scaling on" if self.depth_scaling else "depth scaling OFF (ablation)"
@@ -177,18 +298,16 @@ class FixupReport:
             lines.append(f"shortcut projections (He, not depth-scaled): {len(self.shortcuts)}")
         if self.other_layers:
             base = "He" if self.base_init == "he" else "Xavier"
-            lines.append(f"other weight layers ({base}, not depth-scaled): "
-                         + ", ".join(map(str, self.other_layers[:4]))
-                         + (f", ... {len(self.other_layers) - 4} more" if len(self.other_layers) > 4 else ""))
+            lines.append(f"other weight layers ({base}, not depth-scaled): " + _some(self.other_layers, 4))
         if self.untouched:
-            lines.append("left alone: " + ", ".join(self.untouched[:6])
-                         + (f", ... {len(self.untouched) - 6} more" if len(self.untouched) > 6 else ""))
+            lines.append("left alone: " + _some(self.untouched, 6))
         biases = sum(b.num_biases for b in self.branches)
         scales = sum(b.has_scale for b in self.branches)
         lines.append(f"scalar parameters: {self.num_scalars} ({biases} branch biases, {scales} multipliers)")
+        lines.append("stream biases (added after a branch's last layer, onto the residual stream): "
+                     + _STREAM_TEXT[self.stream_bias].format(n=self.num_stream_biases))
         if self.zeroed:
-            lines.append("also zeroed: " + ", ".join(self.zeroed[:6])
-                         + (f", ... {len(self.zeroed) - 6} more" if len(self.zeroed) > 6 else ""))
+            lines.append("also zeroed: " + _some(self.zeroed, 6))
         lines.extend(self._format_norms())
         if self.branches:
             lines.append("branches:")
@@ -197,53 +316,21 @@ class FixupReport:
                     return layer.name.removeprefix(block + ".")  # the layer's name inside its block
 
                 sc = ", ".join(f"{local(s)} std {s.std:.4g}" for s in b.scaled)
+                stream = " (one on the stream)" if b.stream_bias else ""
                 lines.append(f"  {b.name:<22} {b.kind:<11} m={b.m} factor {b.factor:.4g}: scaled [{sc}] "
-                             f"zeroed {local(b.zeroed)}; {b.num_biases} biases, "
+                             f"zeroed {local(b.zeroed)}; {b.num_biases} biases{stream}, "
                              f"{'a' if b.has_scale else 'NO'} multiplier"
                              + (f"; shortcut {local(b.shortcut)}" if b.shortcut else ""))
             if len(self.branches) > max_branches:
                 lines.append(f"  ... {len(self.branches) - max_branches} more (to_dict() or --json lists all)")
-        lines.append("warnings: " + ("none" if not self.warnings else ""))
-        lines.extend(f"  - {w}" for w in self.warnings)
+        lines.extend(self._format_tail())
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
 
-    def _format_norms(self) -> list[str]:
-        if not self.normalization:
-            return ["normalisation still present: none"]
-        lines = [f"normalisation still present: {len(self.normalization)} layers"]
-        for kind, count in Counter((n.type, n.axes, n.eps, n.affine, n.running_stats)
-                                   for n in self.normalization).items():
-            t, axes, eps, affine, running = kind
-            lines.append(f"  {count} x {t}: over {axes}, eps {eps:g}, affine {affine}, "
-                         f"running statistics {running}")
-        return lines
-
-    def _format_plain(self) -> str:
-        """The report of a method other than Fixup: every weight layer is drawn the same way."""
-        lines = [f"Accounting report: method {self.method}, {self.scheme or 'He init with ' + self.fan_mode}"]
-        lines.append(f"L = {self.num_branches} residual branches, not rescaled (no Fixup rule applies)")
-        if self.output_scale != 1.0:
-            lines.append(f"every residual block's output x + F(x) is multiplied by {self.output_scale:.6g}")
-        layers = self.other_layers
-        lines.append(f"weight layers initialised: {len(layers)}"
-                     + (": " + ", ".join(map(str, layers[:4])) if layers else "")
-                     + (f", ... {len(layers) - 4} more" if len(layers) > 4 else ""))
-        if self.zeroed:
-            lines.append("zeroed: " + ", ".join(self.zeroed[:6])
-                         + (f", ... {len(self.zeroed) - 6} more" if len(self.zeroed) > 6 else ""))
-        if self.untouched:
-            lines.append("left alone: " + ", ".join(self.untouched[:6])
-                         + (f", ... {len(self.untouched) - 6} more" if len(self.untouched) > 6 else ""))
-        lines.append(f"scalar parameters: {self.num_scalars}")
-        lines.extend(self._format_norms())
-        if self.data_init:
-            bad = [r for r in self.data_init if not r.converged]
-            lines.append(f"data-dependent initialisation: {len(self.data_init)} layers rescaled, "
-                         + (f"{len(bad)} NOT within tolerance" if bad else "all within tolerance"))
-            lines.extend(f"  {r}" for r in (bad or self.data_init)[:4])
-        lines.append("warnings: " + ("none" if not self.warnings else ""))
-        lines.extend(f"  - {w}" for w in self.warnings)
-        return "\n".join(lines)
+_STREAM_TEXT = {
+    "budget": "{n}, sharing one scalar's learning rate (each at 1/{n} of it): our correction, since in a stage "
+              "they all receive the same gradient and would otherwise move the stream (blocks per stage) times "
+              "faster than one scalar; fixup.param_groups applies it",
+    "paper": "{n}, each at the full scalar rate (the authors' parameterisation)",
+    "none": "none (rule 3 taken literally)",
+}

@@ -1,6 +1,6 @@
 """``fixup lab ...``: argument parsing and printing for the laboratory; the work is in the lab modules.
 
-Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``coupling MODEL``. Each prints a
+Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``stream MODEL``, ``coupling MODEL``. Each prints a
 table, writes its records with ``--json PATH`` and a figure with ``--plot PATH``.
 """
 
@@ -10,6 +10,8 @@ import argparse
 import math
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from .._checks import check_numbers
 
@@ -116,6 +118,34 @@ def _update(args: argparse.Namespace) -> int:
           "are excluded and counted)")
     print(table(fits, ["method", "quantity", "slope", "stderr", "n", "excluded"]))
     return _finish(args, result, lambda p: plots.plot_update(result, p))
+
+
+def _stream(args: argparse.Namespace) -> int:
+    from ..data import load_digits
+    from .stream import stream_probe
+
+    check_numbers(args, positive=("size", "num_classes", "depth"), nonneg=("lr", "scalar_lr_mult"))
+    if args.batch < 2 or args.steps < 1:
+        raise ValueError(f"--batch must be at least 2 and --steps at least 1, got {args.batch} and {args.steps}")
+    digits = load_digits(size=args.size if args.size != 8 else 0, channels=3)
+    x, y = digits.train.batch(torch.arange(min(args.batch, len(digits.train))))
+    mean, std = torch.tensor(digits.mean)[:, None, None], torch.tensor(digits.std)[:, None, None]
+    x = (x - mean) / std
+    model = _model(args, args.method, x)
+    data = stream_probe(model, x, y, steps=args.steps, lr=args.lr, scalar_lr_mult=args.scalar_lr_mult,
+                        stream_budget=args.budget)
+    rate = (f"each at lr {data['stream_bias_lr']:.3g} (one scalar's {data['scalar_lr']:.3g} shared by "
+            f"{data['stream_biases']})" if data["stream_budget"]
+            else f"each at the scalar rate {data['scalar_lr']:.3g}")
+    print(f"{args.model} ({args.method}): {data['stream_biases']} stream biases, {rate}")
+    print(f"gradients of the stream biases at step {data['grad_step']} (the first with any), per stage "
+          "(offset_speed: how much faster the stage's offset moves than one bias)")
+    print(table(data["stages"], ["stage", "blocks", "grad_mean", "relative_spread", "identical", "offset_speed"]))
+    print(f"\nthe first {args.steps} SGD steps on one digits batch of {x.shape[0]} (lr {args.lr}, momentum 0.9): "
+          "loss, live fraction of the classifier's input, offset of each stage")
+    columns = list(data["steps"][0])
+    print(table(data["steps"], columns))
+    return _finish(args, {"model": args.model, "method": args.method, **data})
 
 
 def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
@@ -260,6 +290,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", action="store_true", help="show every module, not only blocks and classifier")
     _common(p)
     p.set_defaults(func=_probe)
+
+    p = labsub.add_parser("stream", help="the stream biases' shared gradient: per stage, and the offset over the first "
+                                         "steps")
+    _model_args(p)
+    p.add_argument("--batch", type=int, default=32, help="digits images in the batch (default 32)")
+    p.add_argument("--steps", type=int, default=10, help="SGD steps to follow (default 10)")
+    p.add_argument("--lr", type=float, default=0.1, help="the weights' learning rate (default 0.1)")
+    p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate relative to --lr (default 0.1)")
+    p.add_argument("--budget", action=argparse.BooleanOptionalAction, default=None,
+                   help="give the stream biases one scalar's rate between them (default: as the method says)")
+    _common(p)
+    p.set_defaults(func=_stream)
 
     p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
     _model_args(p, methods=True)

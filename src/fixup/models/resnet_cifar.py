@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..baselines import initialise_
 from ..branch import Branch
+from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
 from ..ops import basic_block_lean_forward, can_run_lean
-from ._common import finish, make_norm, method_for, name_blocks, scalar
+from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
@@ -38,26 +40,24 @@ class ZeroPadShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions on the branch; ``relu(shortcut(x) + F(x))``.
 
-    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. An identity shortcut
-    carries ``x`` unchanged; a subsampling or projection shortcut takes ``x + b1a`` (as the authors'
-    reference code). Adding ``b1a`` to the identity path too would put L biases on the residual
-    stream, whose updates add up with depth. Normalised forms put the norm after each convolution;
-    ``norm="none"`` is the bare network. ``biases``/``scale`` (default: ``norm == "fixup"``) switch the
-    scalars for the ablations; ``output_scale`` multiplies ``shortcut(x) + F(x)`` (1/sqrt(2) baseline).
-    The ImageNet ResNet-18/34 use this block with shortcut "B" (torchvision's BasicBlock).
+    Fixup form: ``F(x) = scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``, where ``b2b``, the
+    bias after the last layer, is the branch's *stream bias* (it shifts the residual stream; absent when
+    the method has none). An identity shortcut carries ``x`` unchanged; a subsampling or projection
+    shortcut takes ``x + b1a`` (as the authors' reference code). Normalised forms put the norm after
+    each convolution; ``norm="none"`` is the bare network. The method's ``output_scale`` multiplies
+    ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline). The ImageNet ResNet-18/34 use this block with
+    shortcut "B" (torchvision's BasicBlock).
     """
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", shortcut: str = "A", *,
-                 biases: bool | None = None, scale: bool | None = None, output_scale: float = 1.0,
-                 norm_groups: int = 16) -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, method: Method = METHODS["fixup"],
+                 shortcut: str = "A", *, norm_groups: int = 16) -> None:
         super().__init__()
-        biases = norm == "fixup" if biases is None else biases
-        scale = norm == "fixup" if scale is None else scale
+        norm, biases = method.norm, method.fixup and method.biases
         self.block_name = "BasicBlock"
-        self.output_scale = float(output_scale)
+        self.output_scale = float(method.output_scale)
         self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
-        self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, biases)
-        self.scale = scalar(Scale, scale)
+        self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, method.has_stream_bias)
+        self.scale = scalar(Scale, method.fixup and method.scale)
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
         self.norm1 = make_norm(norm, out_ch, norm_groups)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
@@ -78,9 +78,11 @@ class BasicBlock(nn.Module):
             raise ValueError(f"shortcut must be 'A' (subsample and zero-pad) or 'B' (1x1 projection), got {shortcut!r}")
 
     def residual_branches(self) -> Sequence[Branch]:
-        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b) if isinstance(m, Bias)]
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a) if isinstance(m, Bias)]
         scale = self.scale if isinstance(self.scale, Scale) else None
-        return [Branch([self.conv1, self.conv2], "basic", biases=biases, scale=scale, shortcut=self.projection)]
+        stream = self.bias2b if isinstance(self.bias2b, Bias) else None
+        return [Branch([self.conv1, self.conv2], "basic", biases=biases, scale=scale, shortcut=self.projection,
+                       stream_bias=stream)]
 
     def last_norm(self) -> nn.Module:
         """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
@@ -121,28 +123,29 @@ class CifarResNet(nn.Module):
     """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
 
     def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
-                 norm: str = "fixup", shortcut: str = "A", init: str | None = None) -> None:
+                 shortcut: str = "A", method: Method | str = "fixup", generator: torch.Generator | None = None) -> None:
         super().__init__()
         n = check_cifar_depth(depth)
-        method = method_for(norm, init, _NORMS)
-        self.depth, self.norm = depth, norm
-        block_kwargs = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale}
+        self.method = method = check_method(method, _NORMS, "the CIFAR ResNet")
+        self.depth, self.norm = depth, method.norm
+        norm = method.norm
+        fixup_biases = method.fixup and method.biases
         self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
         self.norm1 = make_norm(norm, width)
-        self.bias1 = scalar(Bias, method.biases)
+        self.bias1 = scalar(Bias, fixup_biases)
         self.relu = nn.ReLU(inplace=True)
         stages, in_ch = [], width
         for i, out_ch in enumerate((width, 2 * width, 4 * width)):
-            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, norm, shortcut,
-                                 **block_kwargs)
+            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method, shortcut)
                       for j in range(n)]
             stages.append(nn.Sequential(*blocks))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.bias2 = scalar(Bias, method.biases)
+        self.bias2 = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
+        self.init_report = initialise_(self, method, generator=generator)
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
@@ -156,43 +159,37 @@ class CifarResNet(nn.Module):
         return self.fc(self.bias2(x))
 
 
-def _build(depth: int, norm: str = "fixup", init: str | None = None, generator: torch.Generator | None = None,
-           zero_init_last_norm: bool = False, **kwargs) -> CifarResNet:
-    model = CifarResNet(depth, norm=norm, init=init, **kwargs)
-    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
-
-
 @register_model
 def resnet_cifar(depth: int = 20, **kwargs) -> CifarResNet:
     """CIFAR ResNet of any depth 6n+2."""
-    return _build(depth, **kwargs)
+    return CifarResNet(depth, **kwargs)
 
 
 @register_model
 def resnet20(**kwargs) -> CifarResNet:
-    return _build(20, **kwargs)
+    return CifarResNet(20, **kwargs)
 
 
 @register_model
 def resnet32(**kwargs) -> CifarResNet:
-    return _build(32, **kwargs)
+    return CifarResNet(32, **kwargs)
 
 
 @register_model
 def resnet44(**kwargs) -> CifarResNet:
-    return _build(44, **kwargs)
+    return CifarResNet(44, **kwargs)
 
 
 @register_model
 def resnet56(**kwargs) -> CifarResNet:
-    return _build(56, **kwargs)
+    return CifarResNet(56, **kwargs)
 
 
 @register_model
 def resnet110(**kwargs) -> CifarResNet:
-    return _build(110, **kwargs)
+    return CifarResNet(110, **kwargs)
 
 
 @register_model
 def resnet1202(**kwargs) -> CifarResNet:
-    return _build(1202, **kwargs)
+    return CifarResNet(1202, **kwargs)

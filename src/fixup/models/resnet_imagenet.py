@@ -13,7 +13,7 @@ scalar multiplier and a bias, and the projection shortcut takes the branch's bia
     bottleneck (m = 3, rule 2's factor L^-1/4):
     out = relu(conv1(x + b1a) + b1b)
     out = relu(conv2(out + b2a) + b2b)                 # 3x3, carries the stride
-    out = scale * conv3(out + b3a) + b3b               # conv3 zeroed
+    out = scale * conv3(out + b3a) + b3b               # conv3 zeroed; b3b is the stream bias
     y   = relu(shortcut(x + b1a) + out)      (an identity shortcut carries x itself)
 
 Basic blocks (m = 2, factor L^-1/2) are :class:`fixup.models.resnet_cifar.BasicBlock` with its 1x1
@@ -29,9 +29,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..baselines import initialise_
 from ..branch import Branch
+from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
-from ._common import finish, make_norm, method_for, name_blocks, scalar
+from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 from .resnet_cifar import BasicBlock
 
@@ -52,24 +54,23 @@ LAYERS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
 class Bottleneck(nn.Module):
     """1x1 reduce, 3x3 (with the stride), 1x1 expand (x4); ``relu(shortcut(x) + F(x))``.
 
-    ``biases``/``scale`` (default: ``norm == "fixup"``) switch Fixup's scalars for the ablations;
-    ``output_scale`` multiplies ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline).
+    The method decides the scalars (``b3b``, after the last layer, is the stream bias) and the output
+    scale on ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline).
     """
 
     expansion = 4
 
-    def __init__(self, in_ch: int, planes: int, stride: int = 1, norm: str = "fixup", *, biases: bool | None = None,
-                 scale: bool | None = None, output_scale: float = 1.0, norm_groups: int = GN_GROUPS) -> None:
+    def __init__(self, in_ch: int, planes: int, stride: int = 1, method: Method = METHODS["fixup"], *,
+                 norm_groups: int = GN_GROUPS) -> None:
         super().__init__()
-        biases = norm == "fixup" if biases is None else biases
-        scale = norm == "fixup" if scale is None else scale
+        norm, biases = method.norm, method.fixup and method.biases
         out_ch = planes * self.expansion
         self.block_name = "Bottleneck"
-        self.output_scale = float(output_scale)
+        self.output_scale = float(method.output_scale)
         self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
         self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, biases)
-        self.bias3a, self.bias3b = scalar(Bias, biases), scalar(Bias, biases)
-        self.scale = scalar(Scale, scale)
+        self.bias3a, self.bias3b = scalar(Bias, biases), scalar(Bias, method.has_stream_bias)
+        self.scale = scalar(Scale, method.fixup and method.scale)
         self.conv1 = nn.Conv2d(in_ch, planes, 1, bias=False)
         self.norm1 = make_norm(norm, planes, norm_groups)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
@@ -84,11 +85,11 @@ class Bottleneck(nn.Module):
             self.shortcut = nn.Sequential(self.projection, make_norm(norm, out_ch, norm_groups))
 
     def residual_branches(self) -> Sequence[Branch]:
-        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a, self.bias3b)
-                  if isinstance(m, Bias)]
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a) if isinstance(m, Bias)]
         scale = self.scale if isinstance(self.scale, Scale) else None
+        stream = self.bias3b if isinstance(self.bias3b, Bias) else None
         return [Branch([self.conv1, self.conv2, self.conv3], "bottleneck", biases=biases, scale=scale,
-                       shortcut=self.projection)]
+                       shortcut=self.projection, stream_bias=stream)]
 
     def last_norm(self) -> nn.Module:
         """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
@@ -111,21 +112,20 @@ class ImageNetResNet(nn.Module):
     """ResNet with ``block`` ("basic" or "bottleneck") and ``layers`` blocks per stage; ``width`` planes first."""
 
     def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3), num_classes: int = 1000,
-                 in_channels: int = 3, width: int = 64, norm: str = "fixup", init: str | None = None,
-                 norm_groups: int = GN_GROUPS) -> None:
+                 in_channels: int = 3, width: int = 64, method: Method | str = "fixup", norm_groups: int = GN_GROUPS,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         if block not in ("basic", "bottleneck"):
             raise ValueError(f"block must be 'basic' (ResNet-18/34) or 'bottleneck' (ResNet-50/101/152), got {block!r}")
         if len(layers) != 4 or any(not isinstance(n, int) or n < 1 for n in layers):
             raise ValueError(f"layers must be four positive block counts, one per stage, got {layers!r}")
-        method = method_for(norm, init, _NORMS)
-        self.block, self.layers, self.norm = block, tuple(layers), norm
-        kw = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale,
-              "norm_groups": norm_groups}
+        self.method = method = check_method(method, _NORMS, "the ImageNet ResNet")
+        self.block, self.layers, self.norm = block, tuple(layers), method.norm
+        norm, fixup_biases = method.norm, method.fixup and method.biases
         expansion = Bottleneck.expansion if block == "bottleneck" else 1
         self.conv1 = nn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
         self.norm1 = make_norm(norm, width, norm_groups)
-        self.bias1 = scalar(Bias, method.biases)
+        self.bias1 = scalar(Bias, fixup_biases)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, in_ch = [], width
@@ -135,16 +135,17 @@ class ImageNetResNet(nn.Module):
             for j in range(n):
                 s = stride if j == 0 else 1
                 if block == "bottleneck":
-                    blocks.append(Bottleneck(in_ch, planes, s, norm, **kw))
+                    blocks.append(Bottleneck(in_ch, planes, s, method, norm_groups=norm_groups))
                 else:
-                    blocks.append(BasicBlock(in_ch, planes, s, norm, "B", **kw))
+                    blocks.append(BasicBlock(in_ch, planes, s, method, "B", norm_groups=norm_groups))
                 in_ch = planes * expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.bias2 = scalar(Bias, method.biases)
+        self.bias2 = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
+        self.init_report = initialise_(self, method, generator=generator)
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
@@ -157,53 +158,46 @@ class ImageNetResNet(nn.Module):
         return self.fc(self.bias2(torch.flatten(self.pool(self.forward_features(x)), 1)))
 
 
-def _build(block: str, layers: Sequence[int], norm: str = "fixup", init: str | None = None,
-           generator: torch.Generator | None = None, zero_init_last_norm: bool = False,
-           **kwargs) -> ImageNetResNet:
-    model = ImageNetResNet(block, layers, norm=norm, init=init, **kwargs)
-    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
-
-
 @register_model
 def resnet_imagenet(depth: int = 50, **kwargs) -> ImageNetResNet:
     """ImageNet ResNet of depth 18, 34, 50, 101 or 152 (``width`` sets the first stage's planes, 64)."""
     if depth not in LAYERS:
         raise ValueError(f"ImageNet ResNet depth must be one of {sorted(LAYERS)}, got {depth!r}")
-    return _build(*LAYERS[depth], **kwargs)
+    return ImageNetResNet(*LAYERS[depth], **kwargs)
 
 
 @register_model
 def resnet18(**kwargs) -> ImageNetResNet:
-    return _build(*LAYERS[18], **kwargs)
+    return ImageNetResNet(*LAYERS[18], **kwargs)
 
 
 @register_model
 def resnet34(**kwargs) -> ImageNetResNet:
-    return _build(*LAYERS[34], **kwargs)
+    return ImageNetResNet(*LAYERS[34], **kwargs)
 
 
 @register_model
 def resnet50(**kwargs) -> ImageNetResNet:
-    return _build(*LAYERS[50], **kwargs)
+    return ImageNetResNet(*LAYERS[50], **kwargs)
 
 
 @register_model
 def resnet101(**kwargs) -> ImageNetResNet:
-    return _build(*LAYERS[101], **kwargs)
+    return ImageNetResNet(*LAYERS[101], **kwargs)
 
 
 @register_model
 def resnet152(**kwargs) -> ImageNetResNet:
-    return _build(*LAYERS[152], **kwargs)
+    return ImageNetResNet(*LAYERS[152], **kwargs)
 
 
 @register_model
 def resnet_imagenet_tiny(**kwargs) -> ImageNetResNet:
     """Basic blocks (1, 2, 1, 1) per stage, 8 planes first: for tests (32x32 inputs work)."""
-    return _build("basic", (1, 2, 1, 1), **{"width": 8, **kwargs})
+    return ImageNetResNet("basic", (1, 2, 1, 1), **{"width": 8, **kwargs})
 
 
 @register_model
 def resnet_imagenet_bottleneck_tiny(**kwargs) -> ImageNetResNet:
     """Bottleneck blocks (1, 2, 1, 1) per stage, 8 planes first: for tests (32x32 inputs work)."""
-    return _build("bottleneck", (1, 2, 1, 1), **{"width": 8, **kwargs})
+    return ImageNetResNet("bottleneck", (1, 2, 1, 1), **{"width": 8, **kwargs})

@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..baselines import describe_init, initialise_
 from ..branch import Branch
+from ..method import Method, as_method
 from ..nn import Bias, Scale, residual_add
-from ._common import finish, name_blocks
+from ._common import check_method, name_blocks
 from ._registry import register_model
 
 __all__ = ["TRANSFORMER_NORMS", "Transformer", "TransformerConfig", "causal_mask", "sinusoidal_positions"]
@@ -101,14 +103,14 @@ def _maybe(module: type[nn.Module], on: bool, *args) -> nn.Module:
 class AttentionBlock(nn.Module):
     """``x + F(x)`` with F multi-head attention of ``x`` over itself (causal or not) or over ``memory``."""
 
-    def __init__(self, cfg: TransformerConfig, kind: str) -> None:
+    def __init__(self, cfg: TransformerConfig, kind: str, method: Method) -> None:
         super().__init__()
-        fixup, d = cfg.norm == "fixup", cfg.d_model
+        fixup, d = method.fixup, cfg.d_model
         self.kind, self.heads, self.block_name = kind, cfg.heads, kind
         self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
-        self.bias_in, self.bias_out = _maybe(Bias, fixup), _maybe(Bias, fixup)
+        self.bias_in, self.bias_out = _maybe(Bias, fixup and method.biases), _maybe(Bias, fixup and method.biases)
         self.q, self.k, self.v, self.out = (nn.Linear(d, d, bias=not fixup) for _ in range(4))
-        self.scale = _maybe(Scale, fixup)
+        self.scale = _maybe(Scale, fixup and method.scale)
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
 
@@ -151,14 +153,14 @@ class AttentionBlock(nn.Module):
 class FeedForwardBlock(nn.Module):
     """``x + F(x)`` with F a two-layer ReLU network applied at every position."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, method: Method) -> None:
         super().__init__()
-        fixup, d = cfg.norm == "fixup", cfg.d_model
+        fixup, d = method.fixup, cfg.d_model
         self.block_name, self.dropout, self.activation_dropout = "ffn", cfg.dropout, cfg.activation_dropout
-        self.bias1, self.bias2, self.bias3 = (_maybe(Bias, fixup) for _ in range(3))
+        self.bias1, self.bias2, self.bias3 = (_maybe(Bias, fixup and method.biases) for _ in range(3))
         self.fc1 = nn.Linear(d, cfg.ffn_dim, bias=not fixup)
         self.fc2 = nn.Linear(cfg.ffn_dim, d, bias=not fixup)
-        self.scale = _maybe(Scale, fixup)
+        self.scale = _maybe(Scale, fixup and method.scale)
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
 
@@ -177,9 +179,9 @@ class FeedForwardBlock(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward: two residual branches."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, method: Method) -> None:
         super().__init__()
-        self.self_attn, self.ffn = AttentionBlock(cfg, "self-attn"), FeedForwardBlock(cfg)
+        self.self_attn, self.ffn = AttentionBlock(cfg, "self-attn", method), FeedForwardBlock(cfg, method)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         return self.ffn(self.self_attn(x, key_mask=src_mask))
@@ -188,11 +190,11 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention over the encoder output, feed-forward: three branches."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, method: Method) -> None:
         super().__init__()
-        self.self_attn = AttentionBlock(cfg, "self-attn")
-        self.cross_attn = AttentionBlock(cfg, "cross-attn")
-        self.ffn = FeedForwardBlock(cfg)
+        self.self_attn = AttentionBlock(cfg, "self-attn", method)
+        self.cross_attn = AttentionBlock(cfg, "cross-attn", method)
+        self.ffn = FeedForwardBlock(cfg, method)
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor,
                 cache: dict[str, Cache] | None = None) -> Tensor:
@@ -208,27 +210,43 @@ class Transformer(nn.Module):
 
     ``src`` and ``tgt_in`` are (B, S) and (B, T) token ids padded with ``pad_id`` on the right;
     ``tgt_in`` starts with the beginning-of-sentence token (teacher forcing).
+
+    ``method`` (default: ``cfg.norm``'s default method) decides the scalars; its norm must be ``cfg.norm``.
+    The constructor ends by initialising the model: fairseq's initialisation, then for Fixup the rule
+    with Xavier as its base; ``init_report`` says what was done.
     """
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, method: Method | str | None = None,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.cfg, fixup, d = cfg, cfg.norm == "fixup", cfg.d_model
+        method = check_method(cfg.norm if method is None else method, TRANSFORMER_NORMS, "the Transformer")
+        if method.norm != cfg.norm:
+            raise ValueError(f"method {method.name!r} has norm={method.norm!r} but the config has norm={cfg.norm!r}; "
+                             "build the config with the method's norm")
+        self.method = method
+        self.cfg, fixup, d = cfg, method.fixup, cfg.d_model
         self.embed_scale = math.sqrt(d)
         self.src_embed = nn.Embedding(cfg.src_vocab, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab, d,
                                                                                   padding_idx=cfg.pad_id)
         self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d), persistent=False)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, method) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, method) for _ in range(cfg.decoder_layers))
         # Fixup: the stream leaving the encoder gets a bias and a multiplier (the bias before every
         # cross-attention key/value projection), the decoder's a bias before the output projection.
-        self.encoder_bias, self.encoder_scale = _maybe(Bias, fixup), _maybe(Scale, fixup)
-        self.decoder_bias = _maybe(Bias, fixup)
+        biases, scale = fixup and method.biases, fixup and method.scale
+        self.encoder_bias, self.encoder_scale = _maybe(Bias, biases), _maybe(Scale, scale)
+        self.decoder_bias = _maybe(Bias, biases)
         self.encoder_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.decoder_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.output = nn.Linear(d, cfg.tgt_vocab, bias=False)
-        self.reset_parameters()
         name_blocks(self)
+        self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
+        if fixup:
+            self.init_report = initialise_(self, method, generator=generator, base="xavier")
+        else:
+            self.init_report = describe_init(self, method.name, "fairseq: Xavier-uniform linear layers, zero "
+                                             "biases, N(0, d^-1/2) embeddings and output projection")
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -293,26 +311,16 @@ def reorder_cache(cache: list[dict[str, Cache]], order: Tensor) -> None:
                 part[key] = value.index_select(0, order)
 
 
-def build_transformer(norm: str = "fixup", init: str | None = None, generator: torch.Generator | None = None,
+def build_transformer(method: Method | str = "fixup", generator: torch.Generator | None = None,
                       **overrides) -> Transformer:
-    """A Transformer from :class:`TransformerConfig` fields, initialised for ``norm``."""
+    """A Transformer from :class:`TransformerConfig` fields (``overrides``), built and initialised for ``method``."""
     known = set(TransformerConfig.__dataclass_fields__)
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown Transformer option(s) {unknown}; valid ones are "
                          f"{sorted(known - {'norm'})}")
-    if norm not in TRANSFORMER_NORMS:
-        raise ValueError(f"norm={norm!r} is not available for the Transformer; choose one of "
-                         f"{', '.join(TRANSFORMER_NORMS)}")
-    if norm != "fixup" and init not in (None, "xavier"):
-        raise ValueError(f"init={init!r} does not combine with norm={norm!r}; use init='xavier' "
-                         "(the default)")
-    model = Transformer(TransformerConfig(norm=norm, **overrides))
-    model.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
-    if norm != "fixup":
-        model.init_report = None
-        return model
-    return finish(model, norm, init, generator=generator, base="xavier")
+    method = as_method(method)
+    return Transformer(TransformerConfig(**{**overrides, "norm": method.norm}), method, generator)
 
 
 @register_model

@@ -15,7 +15,7 @@ scalar multiplier and bias at the end of the branch (the structure of the Fixup 
 
     a   = relu(x + b1a)                          # BN1 -> bias
     h   = relu(conv1(a) + b1b)                   # BN2 -> bias
-    out = scale * conv2(dropout(h + b2a)) + b2b
+    out = scale * conv2(dropout(h + b2a)) + b2b     # b2b: the stream bias
     y   = shortcut + out,  shortcut = x, or projection(a) where width/stride change
 
 The branch has m = 2 weight layers (conv1 scaled by L^-1/2, conv2 zeroed); the projection is
@@ -30,9 +30,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..baselines import initialise_
 from ..branch import Branch
+from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
-from ._common import finish, make_norm, method_for, name_blocks, scalar
+from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["WideBlock", "WideResNet", "check_wrn_depth"]
@@ -43,18 +45,16 @@ _NORMS = ("fixup", "batchnorm", "groupnorm", "none")
 class WideBlock(nn.Module):
     """A pre-activation basic block: ``y = shortcut + conv2(dropout(relu(norm2(conv1(relu(norm1(x)))))))``.
 
-    ``biases``/``scale`` (default: ``norm == "fixup"``) switch Fixup's scalars for the ablations;
-    ``output_scale`` multiplies ``shortcut + F(x)`` (the 1/sqrt(2) baseline).
+    The method decides the scalars (``b2b``, after the last layer, is the stream bias) and the output
+    scale on ``shortcut + F(x)`` (the 1/sqrt(2) baseline).
     """
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, norm: str = "fixup", dropout: float = 0.0, *,
-                 biases: bool | None = None, scale: bool | None = None, output_scale: float = 1.0,
-                 norm_groups: int = 16) -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, method: Method = METHODS["fixup"],
+                 dropout: float = 0.0, *, norm_groups: int = 16) -> None:
         super().__init__()
-        biases = norm == "fixup" if biases is None else biases
-        scale = norm == "fixup" if scale is None else scale
+        norm, biases = method.norm, method.fixup and method.biases
         self.block_name = "WideBlock"
-        self.output_scale = float(output_scale)
+        self.output_scale = float(method.output_scale)
         self.norm1 = make_norm(norm, in_ch, norm_groups)
         self.bias1a = scalar(Bias, biases)
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
@@ -63,15 +63,17 @@ class WideBlock(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.bias2a = scalar(Bias, biases)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
-        self.scale = scalar(Scale, scale)
-        self.bias2b = scalar(Bias, biases)
+        self.scale = scalar(Scale, method.fixup and method.scale)
+        self.bias2b = scalar(Bias, method.has_stream_bias)
         self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
         self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False) if (stride, in_ch) != (1, out_ch) else None
 
     def residual_branches(self) -> Sequence[Branch]:
-        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b) if isinstance(m, Bias)]
+        biases = [m for m in (self.bias1a, self.bias1b, self.bias2a) if isinstance(m, Bias)]
         scale = self.scale if isinstance(self.scale, Scale) else None
-        return [Branch([self.conv1, self.conv2], "wide-basic", biases=biases, scale=scale, shortcut=self.projection)]
+        stream = self.bias2b if isinstance(self.bias2b, Bias) else None
+        return [Branch([self.conv1, self.conv2], "wide-basic", biases=biases, scale=scale, shortcut=self.projection,
+                       stream_bias=stream)]
 
     def last_norm(self) -> nn.Module:
         """The last normalisation layer on the branch (zeroing its gain zeroes the branch)."""
@@ -104,33 +106,35 @@ class WideResNet(nn.Module):
     """WRN-depth-width for 32x32 images (any size works: the head pools globally)."""
 
     def __init__(self, depth: int = 16, width: int = 1, num_classes: int = 10, in_channels: int = 3,
-                 dropout: float = 0.0, norm: str = "fixup", init: str | None = None, norm_groups: int = 16) -> None:
+                 dropout: float = 0.0, method: Method | str = "fixup", norm_groups: int = 16,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         n = check_wrn_depth(depth)
         if not isinstance(width, int) or width < 1:
             raise ValueError(f"width (the widening factor k) must be a positive whole number, got {width!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-        method = method_for(norm, init, _NORMS)
-        self.depth, self.width, self.norm = depth, width, norm
-        block_kwargs = {"biases": method.biases, "scale": method.scale, "output_scale": method.output_scale,
-                        "norm_groups": norm_groups}
+        self.method = method = check_method(method, _NORMS, "the Wide-ResNet")
+        self.depth, self.width, self.norm = depth, width, method.norm
+        norm, fixup_biases = method.norm, method.fixup and method.biases
         self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
         stages, in_ch = [], 16
         for i, out_ch in enumerate((16 * width, 32 * width, 64 * width)):
             stride = 1 if i == 0 else 2
             stages.append(nn.Sequential(*[
-                WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, norm, dropout, **block_kwargs)
+                WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout,
+                          norm_groups=norm_groups)
                 for j in range(n)]))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
         self.norm_final = make_norm(norm, in_ch, norm_groups)
-        self.bias_final = scalar(Bias, method.biases)
+        self.bias_final = scalar(Bias, fixup_biases)
         self.relu = nn.ReLU()  # not in place: the last block's output stays as it returned it
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.bias_fc = scalar(Bias, method.biases)
+        self.bias_fc = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
+        self.init_report = initialise_(self, method, generator=generator)
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
@@ -144,25 +148,19 @@ class WideResNet(nn.Module):
         return self.fc(self.bias_fc(torch.flatten(self.pool(x), 1)))
 
 
-def _build(depth: int, width: int, norm: str = "fixup", init: str | None = None,
-           generator: torch.Generator | None = None, zero_init_last_norm: bool = False, **kwargs) -> WideResNet:
-    model = WideResNet(depth, width, norm=norm, init=init, **kwargs)
-    return finish(model, norm, init, generator=generator, zero_init_last_norm=zero_init_last_norm)
-
-
 @register_model
 def wide_resnet(depth: int = 16, width: int = 1, **kwargs) -> WideResNet:
     """WRN-depth-width, any depth 6n+4; width 1 is the paper's depth-study network (section 4.1)."""
-    return _build(depth, width, **kwargs)
+    return WideResNet(depth, width, **kwargs)
 
 
 @register_model
 def wrn28_10(**kwargs) -> WideResNet:
     """WRN-28-10 (36.5 M parameters with BatchNorm), of the paper's Mixup/Cutout experiments (appendix C)."""
-    return _build(28, 10, **kwargs)
+    return WideResNet(28, 10, **kwargs)
 
 
 @register_model
 def wrn40_10(**kwargs) -> WideResNet:
     """WRN-40-10, of the paper's Mixup/Cutout experiments (appendix C)."""
-    return _build(40, 10, **kwargs)
+    return WideResNet(40, 10, **kwargs)

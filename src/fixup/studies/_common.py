@@ -10,22 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..method import METHODS, as_method
 from .cells import Cell
 from .grid import Grid
 
 __all__ = ["METHODS", "chance_level", "image_cost", "image_train", "method_model_args", "train_cell"]
-
-# A study's method name -> (norm, init) of the model builders (the models issue).
-METHODS: dict[str, tuple[str, str]] = {
-    "fixup": ("fixup", ""),
-    "batchnorm": ("batchnorm", ""),
-    "groupnorm": ("groupnorm", ""),
-    "he": ("none", "he"),  # He initialisation without normalisation
-    "lsuv": ("none", "lsuv"),
-    "sqrt2": ("none", "sqrt2"),  # He init, each block's output x + F(x) multiplied by 1/sqrt(2)
-    **{a: ("fixup", a) for a in ("fixup_no_depth_scale", "fixup_scale_x0.1", "fixup_scale_x10",
-                                 "fixup_zero_branch", "fixup_no_bias", "fixup_no_scale")},
-}
 
 NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 # Training-set sizes and native image sides, for cost estimates only.
@@ -44,10 +33,9 @@ def chance_level(grid: Grid) -> float:
 
 
 def method_model_args(method: str) -> dict[str, str]:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; the studies know {', '.join(METHODS)}")
-    norm, init = METHODS[method]
-    return {"norm": norm, "init": init}
+    """The training config's ``norm`` and ``init`` for a method of :data:`fixup.METHODS`."""
+    m = as_method(method)
+    return {"norm": m.norm, "init": m.init}
 
 
 def image_train(grid: Grid, method: str, seed: int, **fields: Any) -> dict[str, Any]:

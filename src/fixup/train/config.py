@@ -130,7 +130,7 @@ class OptimisationOptions:
     betas: tuple[float, float] = (0.9, 0.999)  # Adam/AdamW moment decay rates
     eps: float = 1e-8  # Adam/AdamW denominator epsilon
     weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
-    scalar_lr_mult: float = 1.0  # lr multiplier of Fixup's scalar biases/multipliers (paper, 4.2: 0.1 with Mixup)
+    scalar_lr_mult: float = 0.1  # lr multiplier of Fixup's scalars (the authors' code: 0.1); see fixup.param_groups
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
     grad_clip: float = 0.0  # clip the global gradient norm to this value (0 = off)
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
@@ -155,6 +155,7 @@ class RunOptions:
 
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler)
     max_loss: float = 0.0  # a training loss above this counts as divergence (0 = only non-finite losses)
+    collapse_patience: int = 20  # steps with no live classifier input unit before the run ends collapsed (0 = off)
     seed: int = 0  # seed of initialisation, data order, augmentation and dropout
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     checkpoint_segments: int = 0  # activation checkpointing: recompute residual stages in this many segments (0 = off)
@@ -224,7 +225,7 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         nonneg = ("lr", "weight_decay", "grad_clip", "warmup_steps", "max_updates", "max_loss", "mixup_alpha",
                   "cutout", "num_workers", "lr_reference_batch", "momentum", "dropout", "depth", "width",
-                  "keep_checkpoints", "checkpoint_segments")
+                  "keep_checkpoints", "checkpoint_segments", "collapse_patience")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -2,10 +2,12 @@
 
 One loop serves every task (see :mod:`fixup.train.task` for what a task supplies). Per optimiser step:
 forward under autocast when asked, divergence check (a non-finite loss, or one above ``max_loss``,
-ends the run as a recorded outcome), backward, optional gradient clipping, the optimiser and the
-per-step schedule. Per epoch: metrics reduced over processes, evaluation, the run folder and an atomic
-checkpoint. SIGINT/SIGTERM finish the current step, write a checkpoint of the exact position and end
-the run as ``interrupted``; calling :func:`fit` again with the same ``out_dir`` continues bit-exactly.
+ends the run as a recorded outcome), backward, optional gradient clipping, the optimiser, the
+per-step schedule and the collapse watch (a network with no live unit for ``collapse_patience`` steps
+ends as ``collapsed``; see :mod:`fixup.train.collapse`). Per epoch: metrics reduced over processes,
+evaluation, the run folder and an atomic checkpoint. SIGINT/SIGTERM finish the current step, write a
+checkpoint of the exact position and end the run as ``interrupted``; calling :func:`fit` again with the
+same ``out_dir`` continues bit-exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from .collapse import CollapseWatch
 from .config import TrainConfig
 from .optim import build_optimizer, build_scheduler
 from .result import Outcome, TrainResult
@@ -155,6 +158,7 @@ class _Run:
         if config.max_updates:
             self.total = min(self.total, config.max_updates)
         self.scheduler = build_scheduler(self.optimizer, self.total, config)
+        self.watch = CollapseWatch(self.model, config.collapse_patience)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
         self.epoch, self.batch, self.step = 0, 0, 0
         self.stopped_by = ""  # the signal that stopped the run (SIGINT, SIGTERM), if one did
@@ -252,6 +256,7 @@ class _Run:
             log.write_result(result.to_dict())
             return result
         finally:
+            self.watch.close()
             log.close()
 
     def _train(self, log: RunLog, signals: list[str]) -> None:
@@ -287,6 +292,11 @@ class _Run:
                         self.partial[k] = self.partial.get(k, 0) + v.detach()
                     self.batch, self.step = i + 1, self.step + 1
                     bar.update(1)
+                    dead = self.watch.check(self.step)
+                    if D.any_rank(bool(dead), rt):
+                        self.outcome = Outcome("collapsed", self.epoch, self.step,
+                                               dead or "the network collapsed on another process")
+                        break
                     if self.step % every == 0:
                         bar.set_postfix(self._running(), refresh=False)
                     info = StepInfo(self.epoch, self.batch, self.step, value)
@@ -340,6 +350,7 @@ class _Run:
         last = self.epoch + 1 == n_epochs or self.step >= self.total
         if (self.epoch + 1) % self.config.eval_every == 0 or last:
             record.update(self._evaluate())
+        record.update(self.watch.record())
         record["time_s"] = time.perf_counter() - started
         self.history.append(record)
         self.epoch, self.batch, self.partial = self.epoch + 1, 0, {}

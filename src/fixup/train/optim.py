@@ -1,10 +1,4 @@
-"""Optimisers with Fixup's parameter groups, and the learning-rate schedules.
-
-Fixup's scalar biases and multipliers (rule 3) are single numbers that steer whole tensors; the
-paper (section 4.2) lowers their learning rate tenfold under strong regularisation (Mixup). They are
-found by module type (:class:`fixup.nn.Bias`, :class:`fixup.nn.Scale`), never by parameter name, and
-form the ``scalars`` group; every other parameter is in ``weights``.
-"""
+"""Optimisers over Fixup's parameter groups (:func:`fixup.param_groups`), and the learning-rate schedules."""
 
 from __future__ import annotations
 
@@ -14,33 +8,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..nn import Bias, Scale
+from ..groups import param_groups as fixup_param_groups
 from .config import TrainConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "param_groups"]
 
 
 def param_groups(model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
-    """The optimiser's parameter groups, each ``{"name", "params", "lr", "weight_decay", "param_names"}``.
-
-    ``param_names`` is for the run log only (strip it before handing groups to an optimiser, as
-    :func:`build_optimizer` does).
-    """
-    scalars = {id(p) for m in model.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters(recurse=False)}
-    lr = config.effective_lr
-    wd_scalar = config.weight_decay if config.scalar_weight_decay < 0 else config.scalar_weight_decay
-    groups = {
-        "weights": {"name": "weights", "params": [], "param_names": [], "lr": lr, "weight_decay": config.weight_decay},
-        "scalars": {"name": "scalars", "params": [], "param_names": [], "lr": lr * config.scalar_lr_mult,
-                    "weight_decay": wd_scalar},
-    }
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        g = groups["scalars" if id(p) in scalars else "weights"]
-        g["params"].append(p)
-        g["param_names"].append(name)
-    return [g for g in groups.values() if g["params"]]
+    """:func:`fixup.param_groups` with the config's rates: weights, scalars and the budgeted stream biases."""
+    wd = None if config.scalar_weight_decay < 0 else config.scalar_weight_decay
+    return fixup_param_groups(model, config.effective_lr, config.weight_decay, scalar_lr_mult=config.scalar_lr_mult,
+                              scalar_weight_decay=wd)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> tuple[torch.optim.Optimizer, list[dict[str, Any]]]:
@@ -48,7 +26,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> tuple[torch.optim.
     groups = param_groups(model, config)
     summary = [{"name": g["name"], "lr": g["lr"], "weight_decay": g["weight_decay"], "count": len(g["params"]),
                 "numel": sum(p.numel() for p in g["params"]), "params": g["param_names"]} for g in groups]
-    torch_groups = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]
+    torch_groups = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]  # names stay in the log
     if config.optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(torch_groups, lr=config.effective_lr, momentum=config.momentum,
                                                      nesterov=config.nesterov)

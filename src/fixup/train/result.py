@@ -1,6 +1,7 @@
 """What a training run returns: its per-epoch history and how it ended.
 
-A run that diverges is a result, not an error: the depth study counts such runs. ``fixup train``
+A run that diverges or collapses (its units all dead) is a result, not an error: the depth study counts
+such runs. ``fixup train``
 turns the outcome into its exit code (:data:`EXIT_CODES`).
 """
 
@@ -15,12 +16,12 @@ __all__ = ["EXIT_CODES", "SIGNAL_EXIT_CODES", "Outcome", "TrainResult"]
 
 # Exit codes of `fixup train` per outcome (2 is kept for usage and input errors); an interruption by
 # a signal exits as shells report a process killed by it, 128 + the signal's number.
-EXIT_CODES = {"completed": 0, "diverged": 3, "interrupted": 4}
+EXIT_CODES = {"completed": 0, "diverged": 3, "interrupted": 4, "collapsed": 5}
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
 class Outcome(str):
-    """How a run ended: ``completed``, ``diverged`` (where and why) or ``interrupted`` (resumable).
+    """How a run ended: ``completed``, ``diverged`` or ``collapsed`` (where and why), or ``interrupted`` (resumable).
 
     It is the status string itself (``result.outcome == "diverged"``; JSON writes it as that string)
     carrying ``epoch`` (0-based epoch in which the run ended), ``step`` (optimiser steps taken in total)

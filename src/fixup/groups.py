@@ -1,0 +1,89 @@
+"""Optimiser parameter groups for a Fixup network: the one public place learning rates per parameter come from.
+
+Fixup's scalars (rule 3: :class:`~fixup.nn.Bias`, :class:`~fixup.nn.Scale`) are single numbers that
+steer whole tensors. They are found by module type, never by parameter name, and learn at
+``scalar_lr_mult`` times the weights' rate: 0.1 by default, as the authors' released CIFAR and ImageNet
+code does for every scalar.
+
+The *stream biases* (each branch's bias after its last layer, declared by its block as
+``Branch.stream_bias``) get a fixed budget on top: in a stage every one of them receives the same
+gradient, so their sum, the offset of the residual stream, moves (blocks per stage) times faster than
+any one scalar: the aligned-updates failure that rule 2 prevents for the weights. Following the paper's
+own assumption that the L branches' updates add up in step (appendix B), the ``S`` stream biases of a
+model share one scalar's rate: each learns at ``lr * scalar_lr_mult / S``. Measured on a Wide-ResNet-1000
+in docs/training.md; ``stream_budget=False`` gives the authors' parameterisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .branch import find_branches
+from .method import Method
+from .nn import Bias, Scale
+
+__all__ = ["SCALAR_LR_MULT", "param_groups", "stream_biases"]
+
+SCALAR_LR_MULT = 0.1  # the scalars' rate relative to the weights' (the authors' released code)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module
+    return model
+
+
+def stream_biases(model: nn.Module) -> list[Bias]:
+    """The stream biases ``model``'s blocks declare, in module order (each once)."""
+    seen: dict[int, Bias] = {}
+    for _, branch in find_branches(_unwrap(model)):
+        if branch.stream_bias is not None:
+            seen.setdefault(id(branch.stream_bias), branch.stream_bias)
+    return list(seen.values())
+
+
+def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scalar_lr_mult: float = SCALAR_LR_MULT,
+                 scalar_weight_decay: float | None = None, stream_budget: bool | None = None) -> list[dict[str, Any]]:
+    """Parameter groups for any ``torch.optim`` optimiser: ``torch.optim.SGD(param_groups(model, 0.1), momentum=0.9)``.
+
+    Returns up to three groups, each a dict with ``name``, ``params``, ``param_names``, ``lr`` and
+    ``weight_decay``: ``weights`` (every parameter that is not a Fixup scalar, at ``lr``), ``scalars``
+    (biases and multipliers, at ``lr * scalar_lr_mult``) and ``stream_biases`` (at
+    ``lr * scalar_lr_mult / S`` for the model's ``S`` stream biases). Empty groups are left out; frozen
+    parameters (``requires_grad=False``) too.
+
+    Args:
+        model: any module (a DistributedDataParallel wrapper is looked through).
+        lr: the weights' learning rate (the peak of the schedule).
+        weight_decay: the weights' decay.
+        scalar_lr_mult: the scalars' rate relative to ``lr``.
+        scalar_weight_decay: the scalars' decay; ``None`` means ``weight_decay``.
+        stream_budget: give the stream biases one scalar's rate between them. ``None``: as the model's own
+            method says where it was built with one (``fixup_paper`` has no budget), else on.
+    """
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult)):
+        if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    target = _unwrap(model)
+    if stream_budget is None:
+        own = getattr(target, "method", None)
+        stream_budget = own.stream_budget if isinstance(own, Method) else True
+    scalars = {id(p) for m in target.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters(recurse=False)}
+    stream = {id(p) for b in stream_biases(target) for p in b.parameters()} if stream_budget else set()
+    scalar_lr = lr * scalar_lr_mult
+    scalar_wd = weight_decay if scalar_weight_decay is None else scalar_weight_decay
+    groups = {
+        "weights": {"name": "weights", "params": [], "param_names": [], "lr": lr, "weight_decay": weight_decay},
+        "scalars": {"name": "scalars", "params": [], "param_names": [], "lr": scalar_lr, "weight_decay": scalar_wd},
+        "stream_biases": {"name": "stream_biases", "params": [], "param_names": [],
+                          "lr": scalar_lr / max(1, len(stream)), "weight_decay": scalar_wd},
+    }
+    for name, p in target.named_parameters():
+        if not p.requires_grad:
+            continue
+        key = "stream_biases" if id(p) in stream else "scalars" if id(p) in scalars else "weights"
+        groups[key]["params"].append(p)
+        groups[key]["param_names"].append(name)
+    return [g for g in groups.values() if g["params"]]

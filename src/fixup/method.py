@@ -1,0 +1,156 @@
+"""The initialisation methods, as one typed table: the only place that says what a method is.
+
+A :class:`Method` is resolved once (by :func:`fixup.create_model`, or :func:`resolve_method`) and handed
+to a model's constructor, which builds its scalars from it and finishes by initialising itself. The
+studies, the laboratory and the training engine all name methods from :data:`METHODS`.
+
+The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
+
+- ``norm="fixup"``: Fixup (rules 1-3 of section 3). ``fixup`` is our default parameterisation, which
+  corrects the paper's in one place: the scalar bias that ends each branch sits on the residual stream,
+  and in a stage every such bias receives the same gradient, so together they move (blocks per stage)
+  times faster than one scalar: the aligned-updates failure that rule 2 prevents for the weights. Our
+  default gives those *stream biases* a fixed budget: together they learn at one scalar's rate
+  (:func:`fixup.param_groups`). ``fixup_paper`` is the authors' parameterisation (every scalar at the
+  same rate); ``fixup_no_stream_bias`` takes rule 3 literally (biases before each layer and activation,
+  none added to the stream). The ablations of section 4.3 (table 3) change one thing of ``fixup``:
+  ``fixup_no_depth_scale``, ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``,
+  ``fixup_no_bias``, ``fixup_no_scale``.
+- ``norm="none"``: no normalisation and no scalars, with ``he`` (He et al. 2015), ``xavier`` (Glorot &
+  Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; finished on a batch by :func:`fixup.baselines.data_init_`)
+  or ``sqrt2`` (He, and each residual block's output ``x + F(x)`` times 1/sqrt(2): section 4.1's baseline).
+- ``norm="batchnorm"`` / ``"groupnorm"``: the normalised baselines, He-initialised; ``norm="layernorm"``
+  (the Transformer's baseline) with Xavier, as the authors' fairseq code (section 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_INIT", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "method_names",
+           "resolve_method"]
+
+NORMS = ("fixup", "batchnorm", "groupnorm", "layernorm", "none")
+SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
+# Where the bias that ends each residual branch sits and how it learns:
+#   "budget": on the stream; all stream biases together learn at one scalar's rate (our default);
+#   "paper":  on the stream, at the scalar rate each (the authors' parameterisation);
+#   "none":   absent: rule 3 taken literally, a bias before each layer and activation, none on the stream.
+STREAM_BIAS = ("budget", "paper", "none")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One ``(norm, init)`` combination: what it asks of the architecture and of the initialiser."""
+
+    norm: str
+    init: str
+    description: str
+    biases: bool = False  # branches carry Fixup's scalar biases (rule 3)
+    scale: bool = False  # branches carry Fixup's scalar multiplier (rule 3)
+    stream_bias: str = "none"  # the bias after a branch's last layer: one of STREAM_BIAS (Fixup forms)
+    output_scale: float = 1.0  # multiplier on each residual block's output x + F(x)
+    depth_scaling: bool = True  # rule 2's factor L^(-1/(2m-2)) (Fixup forms only)
+    rescale: float = 1.0  # rule 2's factor times this (Fixup forms only)
+    zero_branch: bool = False  # every weight of every residual branch zero (ablation)
+    zero_init_last_norm: bool = False  # each block's last norm gain 0 (Goyal et al. 2017; batchnorm/groupnorm)
+
+    def __post_init__(self) -> None:
+        if self.stream_bias not in STREAM_BIAS:
+            raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {self.stream_bias!r}")
+        if self.zero_init_last_norm and self.norm not in ("batchnorm", "groupnorm"):
+            raise ValueError(f"zero_init_last_norm applies to norm='batchnorm' or 'groupnorm', not "
+                             f"norm={self.norm!r}")
+
+    @property
+    def name(self) -> str:
+        """The method's name in :data:`METHODS` (the init for Fixup forms and bare networks, else the norm)."""
+        return self.init if self.norm in ("fixup", "none") else self.norm
+
+    @property
+    def fixup(self) -> bool:
+        return self.norm == "fixup"
+
+    @property
+    def has_stream_bias(self) -> bool:
+        """Whether each branch ends in a scalar bias added to the residual stream."""
+        return self.fixup and self.biases and self.stream_bias != "none"
+
+    @property
+    def stream_budget(self) -> bool:
+        """Whether the stream biases share one scalar's learning rate (see :func:`fixup.param_groups`)."""
+        return self.has_stream_bias and self.stream_bias == "budget"
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether the method finishes only once it has seen a batch (:func:`fixup.baselines.data_init_`)."""
+        return self.init == "lsuv"
+
+
+def _fixup(init: str, description: str, **kw: object) -> Method:
+    fields = {"biases": True, "scale": True, "stream_bias": "budget", **kw}
+    return Method("fixup", init, description, **fields)  # type: ignore[arg-type]
+
+
+_NORMED = "He-initialised convolutions, normalisation gain 1 and shift 0"
+_ALL: tuple[Method, ...] = (
+    _fixup("fixup", "Fixup: rules 1-3 (section 3), the stream biases sharing one scalar's rate (our correction)"),
+    _fixup("fixup_paper", "Fixup as the authors parameterise it: every scalar at the same rate", stream_bias="paper"),
+    _fixup("fixup_no_stream_bias", "Fixup with rule 3 taken literally: no bias added to the residual stream",
+           stream_bias="none"),
+    _fixup("fixup_no_depth_scale", "Fixup without rule 2's depth factor (ablation)", depth_scaling=False),
+    _fixup("fixup_scale_x0.1", "Fixup with rule 2's factor times 0.1 (ablation)", rescale=0.1),
+    _fixup("fixup_scale_x10", "Fixup with rule 2's factor times 10 (ablation)", rescale=10.0),
+    _fixup("fixup_zero_branch", "Fixup with every residual-branch weight zero (ablation)", zero_branch=True),
+    _fixup("fixup_no_bias", "Fixup without the scalar biases (ablation)", biases=False),
+    _fixup("fixup_no_scale", "Fixup without the scalar multiplier (ablation)", scale=False),
+    Method("none", "he", "no normalisation, He initialisation"),
+    Method("none", "xavier", "no normalisation, Xavier (Glorot) initialisation"),
+    Method("none", "lsuv", "no normalisation, LSUV (orthonormal, then unit output variance per layer)"),
+    Method("none", "sqrt2", "no normalisation, He initialisation, block outputs times 1/sqrt(2)",
+           output_scale=SQRT_HALF),
+    Method("batchnorm", "he", f"batchnorm, {_NORMED}"),
+    Method("groupnorm", "he", f"groupnorm, {_NORMED}"),
+    Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers"),
+)
+# Every method by name: "fixup" and its variants, "he" (alias "none"), "xavier", "lsuv", "sqrt2",
+# "batchnorm", "groupnorm", "layernorm".
+METHODS: dict[str, Method] = {m.name: m for m in _ALL}
+DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
+_ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}
+
+
+def method_names(norms: tuple[str, ...] = NORMS) -> list[str]:
+    """The names of the methods whose norm is in ``norms``."""
+    return [name for name, m in METHODS.items() if m.norm in norms]
+
+
+def _combinations() -> str:
+    by_norm: dict[str, list[str]] = {}
+    for m in _ALL:
+        by_norm.setdefault(m.norm, []).append(repr(m.init))
+    return "; ".join(f"norm={norm!r} with init in ({', '.join(inits)})" for norm, inits in by_norm.items())
+
+
+def resolve_method(norm: str = "fixup", init: str | None = None, *, zero_init_last_norm: bool = False) -> Method:
+    """The :class:`Method` for ``norm`` and ``init`` (``None`` or ``""``: the norm's default); a ValueError if none."""
+    if norm not in DEFAULT_INIT:
+        raise ValueError(f"unknown norm={norm!r}; the combinations that exist are: {_combinations()}")
+    key = init or DEFAULT_INIT[norm]
+    method = next((m for m in _ALL if m.norm == norm and m.init == key), None)
+    if method is None:
+        raise ValueError(f"init={init!r} does not combine with norm={norm!r}; the combinations that exist are: "
+                         f"{_combinations()}")
+    return dataclasses.replace(method, zero_init_last_norm=True) if zero_init_last_norm else method
+
+
+def as_method(method: Method | str) -> Method:
+    """``method`` itself, or the method of that name in :data:`METHODS` (aliases: none, bn, gn, ln)."""
+    if isinstance(method, Method):
+        return method
+    name = _ALIASES.get(method, method)
+    if name not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose among {', '.join(METHODS)}")
+    return METHODS[name]
