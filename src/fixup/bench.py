@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._devices import check_device_name, resolve_device
 from .memory import MEMORY_METHOD, peak_step_memory
 
 __all__ = ["VARIANTS", "BenchConfig", "benchmark", "build_variant", "format_table", "register"]
@@ -73,15 +74,14 @@ class BenchConfig:
         bad = [f for f in (self.formats or ()) if f not in FORMATS]
         if bad:
             raise ValueError(f"unknown format(s) {bad}; choose from {', '.join(FORMATS)}")
-        if self.reps < 1 or self.warmup < 0 or self.batch < 1:
-            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1; got reps={self.reps}, "
-                             f"warmup={self.warmup}, batch={self.batch}")
+        if self.reps < 1 or self.warmup < 0 or self.batch < 1 or self.image_size < 1:
+            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1, image_size >= 1; got reps={self.reps}, "
+                             f"warmup={self.warmup}, batch={self.batch}, image_size={self.image_size}")
+        from .models.resnet_cifar import check_cifar_depth
 
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        for depth in self.depths:
+            check_cifar_depth(depth)
+        check_device_name(self.device)
 
 
 def build_variant(variant: str, depth: int, *, seed: int = 0) -> nn.Module:
@@ -242,27 +242,33 @@ def format_table(result: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's options (shared by ``fixup bench`` and ``benchmarks/bench_models.py``)."""
     d = BenchConfig()
-    p.add_argument("--depths", type=int, nargs="+", default=list(d.depths), help="CIFAR ResNet depths (6n+2)")
-    p.add_argument("--variants", nargs="+", default=list(d.variants), choices=list(VARIANTS))
-    p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--image-size", type=int, default=d.image_size)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--reps", type=int, default=d.reps)
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--formats", nargs="+", choices=FORMATS, default=None)
-    p.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
-    p.add_argument("--compile", action="store_true", help="time torch.compile'd models")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--depths", type=int, nargs="+", default=list(d.depths),
+                   help="CIFAR ResNet depths to measure (each 6n+2)")
+    p.add_argument("--variants", nargs="+", default=list(d.variants), choices=list(VARIANTS),
+                   help="variants side by side; 'none' (no normalisation, no scalars) is the floor ratios refer to")
+    p.add_argument("--batch", type=int, default=d.batch, help="images per training step")
+    p.add_argument("--image-size", type=int, default=d.image_size, help="pixels per side of the random images")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps per variant before timing")
+    p.add_argument("--reps", type=int, default=d.reps, help="timed repetitions per variant, interleaved")
+    p.add_argument("--device", default=d.device, help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--formats", nargs="+", choices=FORMATS, default=None,
+                   help="input formats to time (default None: fp32 on CPU; fp32, bf16, bf16-channels-last on CUDA)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--compile", action="store_true", help="time torch.compile'd models (slow to start)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads to use (default None: as torch chooses)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and the random batch")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to this file")
 
 
 def run_command(args: argparse.Namespace) -> int:
     import sys
 
-    from .cli import write_json
+    from ._io import write_json
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     config = BenchConfig(depths=tuple(args.depths), variants=tuple(args.variants), batch=args.batch,
                          image_size=args.image_size, warmup=args.warmup, reps=args.reps, device=args.device,
@@ -277,6 +283,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="training-step time, forward throughput and peak memory: "
-                                     "fixup vs batchnorm vs no normalisation")
+                                     "fixup vs batchnorm vs no normalisation",
+                       description="Time a training step and a forward pass and measure the peak memory of CIFAR "
+                                   "ResNets under Fixup, BatchNorm and no normalisation, in one process, "
+                                   "interleaved, with ratios to the floor (norm=none). See docs/performance.md.")
     add_arguments(p)
     p.set_defaults(func=run_command)

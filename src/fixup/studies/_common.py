@@ -68,6 +68,7 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
     """
     import time
 
+    from .._signals import Interrupted
     from ..train import TrainConfig, fit
 
     config = TrainConfig.from_dict(dict(cell.config["train"]))
@@ -81,6 +82,8 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
             return False
 
         result = fit(config, out_dir=work, progress=False, on_step=segment)
+        if result.stopped_by:  # SIGINT/SIGTERM: the whole run stops (the cell's checkpoint is kept)
+            raise Interrupted.from_name(result.stopped_by)
         if result.outcome == "interrupted" and asked and "request" in str(getattr(result, "reason", "")):
             continue  # our own segment boundary: the checkpoint is written, go on from it
         break

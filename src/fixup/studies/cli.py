@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
+from pathlib import Path
 from typing import Any
+
+from .._signals import Interrupted
 
 __all__ = ["register"]
 
@@ -25,9 +27,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(mode="quick")
     p.add_argument("--data", default="digits", choices=("digits", "cifar10", "cifar100", "svhn"),
                    help="image data (default: digits, embedded; the others read --data-dir)")
-    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set")
+    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set (default None: "
+                                                    "digits needs none)")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<mode>); rerun to resume")
+    p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
@@ -47,10 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the paper's studies (depth, ablation, regularisation, ...) as resumable "
                                    "cells and write OUT/report.md, OUT/results.json and OUT/figures/*.png.")
     _add_common(p)
-    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)})")
+    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)}; "
+                                                f"default None: all)")
     p.set_defaults(func=_reproduce)
     p = sub.add_parser("study", help="run one study of the paper (resumable) and write its report")
-    p.add_argument("name", choices=list(STUDIES), help="the study")
+    p.add_argument("name", choices=list(STUDIES), help=f"the study to run: one of {', '.join(STUDIES)}")
     _add_common(p)
     p.set_defaults(func=_study)
 
@@ -82,6 +86,7 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     from .grid import make_grid
     from .store import Store, StoreLockedError
 
+    _check_inputs(args)
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
     if args.jobs < 0:
@@ -126,10 +131,14 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
     if args.mode == "full" and not args.yes and sys.stdin.isatty():
         input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
     display = _Display()
-    signal.signal(signal.SIGTERM, _interrupt)  # stop workers and leave resumable cells, as Ctrl-C does
-    try:
+    try:  # SIGINT and SIGTERM raise Interrupted (fixup._signals): workers are stopped, finished cells stay
         result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
+    except Interrupted as err:
+        display.close()
+        done = len(list(Path(out).glob("cells/*/*/*/seed*/cell_result.json")))
+        err.kept = (f"{done} finished cell(s) kept in {out}; unfinished cells resume from their checkpoints")
+        raise
     finally:
         display.close()
     for problem in dict.fromkeys(store.problems + result.problems):
@@ -164,6 +173,18 @@ def _dry_run(grid: Any, store: Any, studies: list[str]) -> int:
     return 0
 
 
+def _check_inputs(args: argparse.Namespace) -> None:
+    """What a study's cells would each fail on, refused once, before any cell starts."""
+    from .._devices import resolve_device
+
+    resolve_device(args.device)
+    if args.data_dir is not None and not Path(args.data_dir).exists():
+        raise FileNotFoundError(f"--data-dir {args.data_dir} does not exist; give the folder or archive of the "
+                                f"{args.data} data set")
+    if args.image_size is not None and args.image_size < 0:
+        raise ValueError(f"--image-size must be >= 0 pixels (0 = as stored), got {args.image_size}")
+
+
 def _auto_jobs(device: str) -> int:
     """One worker per CPU core (at most 8) on CPU; one on a GPU, whose cells would otherwise contend for it."""
     import torch
@@ -171,10 +192,6 @@ def _auto_jobs(device: str) -> int:
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _reproduce(args: argparse.Namespace) -> int:

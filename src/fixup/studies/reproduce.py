@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._io import write_json
 from .base import Study, StudyOutput
 from .cells import Task
 from .grid import Grid
 from .registry import STUDIES, get_study
 from .report import write_report
 from .runner import Progress, ProgressFn, run_tasks
-from .store import Store, write_json_atomic
+from .store import Store
 
 __all__ = ["ReproduceResult", "plan_all", "reproduce"]
 
@@ -65,7 +66,7 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
                command: str) -> ReproduceResult:
     chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
     problems: list[str] = []
-    write_json_atomic(out / "grid.json", grid.to_dict())
+    write_json(out / "grid.json", grid.to_dict())
     start = time.perf_counter()
     done_before = run = resumed = 0
     failed: dict[str, str] = {}

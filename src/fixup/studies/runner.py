@@ -8,6 +8,7 @@ that the command line can draw it; library code never prints.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -95,7 +96,6 @@ GRACE_SECONDS = 30.0
 
 def _die_with_parent(parent: int) -> None:
     """Make this process end when ``parent`` does, including when the parent is SIGKILLed."""
-    import signal
     import threading
 
     on_linux = False
@@ -124,7 +124,12 @@ def _die_with_parent(parent: int) -> None:
 
 def _init_worker(threads: int, parent: int) -> None:
     """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported), and make it
-    end with its parent."""
+    end with its parent.
+
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone decides; it
+    stops the workers with SIGTERM, on which the engine writes a checkpoint (fixup._signals).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:

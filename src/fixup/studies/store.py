@@ -30,24 +30,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .._io import write_json
 from .cells import Cell
 
-__all__ = ["BadCellFile", "ConfigMismatchError", "Store", "StoreLockedError", "write_json_atomic"]
+__all__ = ["BadCellFile", "ConfigMismatchError", "Store", "StoreLockedError"]
 
 LOCK = ".lock"
 
 RESULT, CONFIG, ERROR, WORK = "cell_result.json", "cell_config.json", "cell_error.json", "work"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file in the same folder, flush it to disk, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=2, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
 
 
 def _canonical(data: Any) -> str:
@@ -193,7 +183,7 @@ class Store:
         """Record that the cell is starting (its identity and config); return its work folder."""
         folder = self.cell_dir(cell)
         self._check_config(cell)  # a corrupt config file is moved aside here and rewritten below
-        write_json_atomic(folder / CONFIG, {**cell.identity(), "config": dict(cell.config)})
+        write_json(folder / CONFIG, {**cell.identity(), "config": dict(cell.config)})
         (folder / ERROR).unlink(missing_ok=True)
         work = folder / WORK
         work.mkdir(parents=True, exist_ok=True)
@@ -202,12 +192,12 @@ class Store:
     def finish(self, cell: Cell, result: dict[str, Any], seconds: float) -> dict[str, Any]:
         """Write the cell's result atomically; from then on the cell counts as done."""
         record = {**cell.identity(), "config": dict(cell.config), "seconds": seconds, "result": result}
-        write_json_atomic(self.cell_dir(cell) / RESULT, record)
+        write_json(self.cell_dir(cell) / RESULT, record)
         return record
 
     def fail(self, cell: Cell, error: str) -> None:
         """Record an error (a bug, not a divergence); the cell stays unfinished and is retried next time."""
-        write_json_atomic(self.cell_dir(cell) / ERROR, {**cell.identity(), "error": error})
+        write_json(self.cell_dir(cell) / ERROR, {**cell.identity(), "error": error})
 
     def load(self, cell: Cell) -> dict[str, Any] | None:
         return self._read(self.cell_dir(cell) / RESULT, RESULT)
