@@ -124,7 +124,8 @@ def test_run_log_lists_groups(tmp_path) -> None:
     fit(TrainConfig(depth=8, epochs=1, batch_size=128), out_dir=tmp_path, progress=False)
     run = json.loads((tmp_path / "run.json").read_text())
     names = {g["name"]: g for g in run["param_groups"]}
-    assert set(names) == {"weights", "scalars", "stream_biases"} and "layer1.0.scale.scale" in names["scalars"]["params"]
+    assert set(names) == {"weights", "scalars", "stream_biases"}
+    assert "layer1.0.scale.scale" in names["scalars"]["params"]
     assert names["stream_biases"]["params"] == ["layer1.0.bias2b.bias", "layer2.0.bias2b.bias", "layer3.0.bias2b.bias"]
     assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,lr")
     assert TrainConfig.from_dict(json.loads((tmp_path / "config.json").read_text())).depth == 8
