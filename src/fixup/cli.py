@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes: 0 success; 2 bad options or input (one line on stderr naming the value and the fix);
     130 / 143 stopped by SIGINT / SIGTERM (one line: what was kept and the command that resumes);
     141 the reader of the output went away (``fixup list | head``); commands document others
-    (``fixup train``: 3 diverged).
+    (``fixup train``: 3 diverged, 5 collapsed).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None

@@ -3,8 +3,8 @@
 Every config field is an option (``scalar_lr_mult`` -> ``--scalar-lr-mult``; booleans take
 ``--x/--no-x``; ``--betas 0.9 0.98``; ``--milestones 0.5 0.75``; ``--extra '{"k": 1}'``) whose help is
 the field's comment. ``--config PATH`` starts from a saved config.json. Unknown options are an error.
-Exit codes: 0 completed, 3 diverged, 2 bad options or input, 130 / 143 stopped by SIGINT / SIGTERM
-(a checkpoint of the last finished step is kept in --out-dir; the same command resumes it).
+Exit codes: 0 completed, 3 diverged, 5 collapsed, 2 bad options or input, 130 / 143 stopped by SIGINT /
+SIGTERM (a checkpoint of the last finished step is kept in --out-dir; the same command resumes it).
 """
 
 from __future__ import annotations
