@@ -84,9 +84,12 @@ class _Display:
 
 def _run(args: argparse.Namespace, studies: list[str]) -> int:
     from .grid import make_grid
+    from .registry import get_study
     from .store import Store, StoreLockedError
 
     _check_inputs(args)
+    for name in studies:  # an unknown study is refused before the output folder exists
+        get_study(name)
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
     if args.jobs < 0:
