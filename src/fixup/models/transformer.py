@@ -22,7 +22,7 @@ pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +31,10 @@ from torch import Tensor, nn
 
 from ..baselines import describe_init, initialise_
 from ..branch import Branch
+from ..fold import count_scalars, fold_layer
 from ..method import Method, as_method
 from ..nn import Bias, Scale, residual_add
+from ..ops import lean_linear, lean_residual_, observed, plain_linear, scalar_value
 from ._common import check_method, name_blocks
 from ._registry import register_model
 
@@ -113,6 +115,7 @@ class AttentionBlock(nn.Module):
         self.scale = _maybe(Scale, fixup and method.scale)
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
+        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
         biases = [b for b in (self.bias_in, self.bias_out) if isinstance(b, Bias)]
@@ -123,17 +126,54 @@ class AttentionBlock(nn.Module):
         B, T, D = x.shape
         return x.view(B, T, self.heads, D // self.heads).transpose(1, 2)  # (B, H, T, D/H)
 
+    def lean_ready(self) -> bool:
+        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm, plain
+        ``nn.Linear`` projections, no hooks on the inner modules."""
+        if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
+            return False
+        layers = (self.q, self.k, self.v, self.out)
+        return all(plain_linear(m) for m in layers) and not observed(*layers, self.bias_in, self.bias_out, self.scale)
+
     def forward(self, x: Tensor, memory: Tensor | None = None, key_mask: Tensor | None = None,
                 causal: bool = False, cache: Cache | None = None) -> Tensor:
         """``key_mask``: (B, S) True at real (non-padding) keys. ``cache`` holds keys and values of earlier
         steps (self-attention) or of the memory (cross-attention) for incremental decoding."""
+        if self.lean and self.lean_ready():
+            return self.lean_forward(x, memory, key_mask, causal, cache)
         h = self.bias_in(self.pre_norm(x))
-        q = self._heads(self.q(h))
+        a = self._attend(x, self.q(h), lambda: h if memory is None else memory, self.k, self.v, memory, key_mask,
+                         causal, cache)
+        out = self.scale(F.dropout(self.out(self.bias_out(a)), self.dropout, self.training))
+        return self.post_norm(residual_add(x, out, self.block_name))
+
+    def lean_forward(self, x: Tensor, memory: Tensor | None = None, key_mask: Tensor | None = None,
+                     causal: bool = False, cache: Cache | None = None) -> Tensor:
+        """The forward with the scalars folded into the projections on the fly (:func:`fixup.ops.lean_linear`):
+        ``W (x + b) = W x + b W.sum(1)`` for queries (and keys and values of self-attention), the output bias
+        and multiplier in the output projection. Call where :meth:`lean_ready`."""
+        b_in, b_out, s = (scalar_value(m) for m in (self.bias_in, self.bias_out, self.scale))
+        shift = b_in if memory is None else None  # cross-attention's keys and values read the memory, unshifted
+
+        def project(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
+            return lambda src: lean_linear(src, layer, shift=shift)
+
+        q = lean_linear(x, self.q, shift=b_in)
+        a = self._attend(x, q, lambda: x if memory is None else memory, project(self.k), project(self.v), memory,
+                         key_mask, causal, cache)
+        out = F.dropout(lean_linear(a, self.out, shift=b_out, scale=s), self.dropout, self.training)
+        return lean_residual_(out, x, self.block_name)
+
+    def _attend(self, x: Tensor, q: Tensor, source: Callable[[], Tensor], k_proj: Callable[[Tensor], Tensor],
+                v_proj: Callable[[Tensor], Tensor], memory: Tensor | None, key_mask: Tensor | None, causal: bool,
+                cache: Cache | None) -> Tensor:
+        """Multi-head attention of the projected queries ``q`` (B, T, D) over keys and values projected from
+        ``source()`` (or taken from ``cache``); returns (B, T, D) before the output projection."""
+        q = self._heads(q)
         if cache is not None and "k" in cache and memory is not None:
             k, v = cache["k"], cache["v"]  # cross-attention: the memory's keys and values never change
         else:
-            src = h if memory is None else memory
-            k, v = self._heads(self.k(src)), self._heads(self.v(src))
+            src = source()
+            k, v = self._heads(k_proj(src)), self._heads(v_proj(src))
             if cache is not None:
                 if memory is None and "k" in cache:  # self-attention: append this step
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -145,9 +185,31 @@ class AttentionBlock(nn.Module):
             is_causal = False
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
-        a = a.transpose(1, 2).reshape(x.shape)  # (B, T, D)
-        out = self.scale(F.dropout(self.out(self.bias_out(a)), self.dropout, self.training))
-        return self.post_norm(residual_add(x, out, self.block_name))
+        return a.transpose(1, 2).reshape(x.shape)  # (B, T, D)
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the scalars into the projections (exact: all are linear layers); returns how many folded.
+
+        Self-attention's keys and values take ``bias_in`` too; cross-attention's read the memory, whose own
+        scalars the model folds in through :meth:`fold_memory_`.
+        """
+        if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
+            return 0
+        b_in, b_out, s = (scalar_value(m) for m in (self.bias_in, self.bias_out, self.scale))
+        n = count_scalars(self.bias_in, self.bias_out, self.scale)
+        self.q = fold_layer(self.q, shift=b_in)
+        if self.kind != "cross-attn":
+            self.k, self.v = fold_layer(self.k, shift=b_in), fold_layer(self.v, shift=b_in)
+        self.out = fold_layer(self.out, shift=b_out, scale=s)
+        self.bias_in, self.bias_out, self.scale = nn.Identity(), nn.Identity(), nn.Identity()
+        return n
+
+    @torch.no_grad()
+    def fold_memory_(self, scale: Tensor | None, shift: Tensor | None) -> None:
+        """The memory will arrive without ``scale * (memory + shift)`` applied: fold that into keys and values."""
+        self.k = fold_layer(self.k, shift=shift, pre_scale=scale)
+        self.v = fold_layer(self.v, shift=shift, pre_scale=scale)
 
 
 class FeedForwardBlock(nn.Module):
@@ -163,13 +225,48 @@ class FeedForwardBlock(nn.Module):
         self.scale = _maybe(Scale, fixup and method.scale)
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
+        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
         biases = [b for b in (self.bias1, self.bias2, self.bias3) if isinstance(b, Bias)]
         scale = self.scale if isinstance(self.scale, Scale) else None
         return [Branch([self.fc1, self.fc2], "ffn", biases=biases, scale=scale)]
 
+    def _scalar_modules(self) -> tuple[nn.Module, ...]:
+        return self.bias1, self.bias2, self.bias3, self.scale
+
+    def lean_ready(self) -> bool:
+        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm, plain
+        ``nn.Linear`` layers, no hooks on the inner modules."""
+        if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
+            return False
+        return (plain_linear(self.fc1) and plain_linear(self.fc2)
+                and not observed(self.fc1, self.fc2, *self._scalar_modules()))
+
+    def lean_forward(self, x: Tensor) -> Tensor:
+        """``x + s * fc2(relu(fc1(x + b1) + b2) + b3)`` with every scalar inside the two ``F.linear`` calls
+        (:func:`fixup.ops.lean_linear`). Call where :meth:`lean_ready`."""
+        b1, b2, b3, s = (scalar_value(m) for m in self._scalar_modules())
+        h = lean_linear(x, self.fc1, shift=b1, bias=b2).relu_()
+        h = F.dropout(h, self.activation_dropout, self.training)
+        out = F.dropout(lean_linear(h, self.fc2, shift=b3, scale=s), self.dropout, self.training)
+        return lean_residual_(out, x, self.block_name)
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the scalars into fc1 and fc2 (exact); returns how many folded."""
+        if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
+            return 0
+        b1, b2, b3, s = (scalar_value(m) for m in self._scalar_modules())
+        n = count_scalars(*self._scalar_modules())
+        self.fc1 = fold_layer(self.fc1, shift=b1, bias=b2)
+        self.fc2 = fold_layer(self.fc2, shift=b3, scale=s)
+        self.bias1, self.bias2, self.bias3, self.scale = (nn.Identity() for _ in range(4))
+        return n
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.lean and self.lean_ready():
+            return self.lean_forward(x)
         h = F.relu(self.bias2(self.fc1(self.bias1(self.pre_norm(x)))))
         h = F.dropout(h, self.activation_dropout, self.training)
         out = self.scale(F.dropout(self.fc2(self.bias3(h)), self.dropout, self.training))
@@ -203,6 +300,10 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, causal=True, cache=self_cache)
         x = self.cross_attn(x, memory, src_mask, cache=cross_cache)
         return self.ffn(x)
+
+    def fold_memory_(self, scale: Tensor | None, shift: Tensor | None) -> None:
+        """The memory will arrive without ``scale * (memory + shift)``: the cross-attention takes it in."""
+        self.cross_attn.fold_memory_(scale, shift)
 
 
 class Transformer(nn.Module):
@@ -268,6 +369,21 @@ class Transformer(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.output]
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the model's own scalars: the encoder output's bias and multiplier into every cross-attention's
+        keys and values, the decoder output's bias into the output projection (the blocks fold themselves)."""
+        if type(self.encoder_norm) is not nn.Identity or type(self.decoder_norm) is not nn.Identity:
+            return 0
+        shift, scale = scalar_value(self.encoder_bias), scalar_value(self.encoder_scale)
+        n = count_scalars(self.encoder_bias, self.encoder_scale, self.decoder_bias)
+        if shift is not None or scale is not None:
+            for layer in self.decoder:
+                layer.fold_memory_(scale, shift)
+        self.output = fold_layer(self.output, shift=scalar_value(self.decoder_bias))
+        self.encoder_bias, self.encoder_scale, self.decoder_bias = nn.Identity(), nn.Identity(), nn.Identity()
+        return n
 
     def _embed(self, embed: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
         T = tokens.shape[1]
