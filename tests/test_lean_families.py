@@ -20,8 +20,8 @@ from fixup.models import create_model
 from fixup.ops import set_lean
 
 FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]
-CONV_METHODS = FIXUP_METHODS + ["he", "xavier", "sqrt2"]
-# name -> (builder kwargs, input maker)
+CONV_METHODS = [*FIXUP_METHODS, "he", "xavier", "sqrt2"]
+# name -> builder and its keyword arguments
 CONV_FAMILIES = {
     "cifar-A": dict(name="resnet_cifar", depth=8, shortcut="A"),
     "cifar-B": dict(name="resnet_cifar", depth=8, shortcut="B"),
