@@ -38,7 +38,9 @@ def model_bytes(model: nn.Module) -> int:
 def _cpu_peak_increase(fn: Callable[[], Any]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from .profiling import quiet_profiler
+
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     kineto = getattr(prof.profiler, "kineto_results", None)
     if kineto is None:
