@@ -57,6 +57,8 @@ def test_folded_model_matches_to_1e5_relative_and_keeps_no_scalar(family, method
     assert error <= 1e-5, f"{family}/{method}: folded output differs by {error:.2e} of the output's size"
     assert (result.folded, result.kept, result.unsupported) == (scalars, 0, [])
     assert _scalars(result.model) == 0 and not result.model.training
+    blocks = [m for m in result.model.modules() if callable(getattr(m, "lean_ready", None))]
+    assert blocks and all(b.lean_ready() for b in blocks)  # folded blocks still run their lean (in-place) forward
     assert _scalars(model) == scalars  # the original is untouched
 
 

@@ -37,8 +37,8 @@ from torch.nn.modules import module as _module
 
 from .nn import Bias, Scale, check_residual_shapes
 
-__all__ = ["conv_output_shape", "lean_conv2d", "lean_linear", "lean_residual_", "lean_residual_relu_", "observed",
-           "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
+__all__ = ["ShiftedConv2d", "conv_output_shape", "lean_conv2d", "lean_linear", "lean_residual_",
+           "lean_residual_relu_", "observed", "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
 
 
 def scalar_value(scalar: nn.Module) -> Tensor | None:
@@ -69,8 +69,8 @@ def observed(*modules: nn.Module) -> bool:
 
 
 def plain_conv(conv: nn.Module) -> bool:
-    """An ``nn.Conv2d`` (not a subclass) with one group and zero padding given as numbers."""
-    return (type(conv) is nn.Conv2d and conv.groups == 1 and conv.padding_mode == "zeros"
+    """An ``nn.Conv2d`` (or a folded :class:`ShiftedConv2d`) with one group and zero padding given as numbers."""
+    return (type(conv) in (nn.Conv2d, ShiftedConv2d) and conv.groups == 1 and conv.padding_mode == "zeros"
             and not isinstance(conv.padding, str))
 
 
@@ -88,6 +88,68 @@ def ones_response(weight: Tensor, size: tuple[int, int], stride: int | tuple[int
     """
     ones = weight.new_ones((1, 1, *size))
     return F.conv2d(ones, weight.sum(1, keepdim=True), None, stride, padding, dilation)
+
+
+def _border_extent(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
+    """Output length, and how many leading and trailing outputs read the zero padding, along one axis."""
+    out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+    reads_pad = [i * s - p < 0 or i * s - p + d * (k - 1) > n - 1 for i in range(out)]
+    lead = next((i for i, r in enumerate(reads_pad) if not r), out)
+    trail = next((i for i, r in enumerate(reversed(reads_pad)) if not r), out)
+    return out, lead, min(trail, out - lead)
+
+
+class ShiftedConv2d(nn.Conv2d):
+    """``conv(x + shift)`` for a zero-padded convolution, computed as ``conv(x)`` plus a border correction.
+
+    The interior part of ``shift * conv(1)``, ``shift * W.sum((1, 2, 3))``, is already in ``bias`` (folded
+    by :func:`fold_layer`); ``forward`` adds ``shift * (conv(1) - W.sum((1, 2, 3)))`` to the output rows and
+    columns that read the padding, in place. The correction is cached per input size and recomputed when
+    the weight, bias or shift change (``_version``). For inference: under autograd the in-place slices are
+    correct but copy gradients, so train the unfolded model instead.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("shift", torch.zeros(1))
+        self._borders: dict[tuple, list[tuple[tuple[slice, slice], Tensor]]] = {}
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, shift: Tensor) -> ShiftedConv2d:
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                  conv.dilation, conv.groups, conv.bias is not None, conv.padding_mode,
+                  device=conv.weight.device, dtype=conv.weight.dtype)
+        new.weight = conv.weight
+        new.bias = conv.bias
+        new.shift.copy_(shift.detach().reshape(1))
+        return new
+
+    def _pieces(self, size: tuple[int, int]) -> list[tuple[tuple[slice, slice], Tensor]]:
+        (ho, t, b), (wo, left, right) = (_border_extent(n, k, s, p, d) for n, k, s, p, d in
+                                          zip(size, self.kernel_size, self.stride, self.padding, self.dilation))
+        with torch.no_grad():
+            full = ones_response(self.weight, size, self.stride, self.padding, self.dilation)[0]
+            corr = (full - self.weight.sum((1, 2, 3))[:, None, None]) * self.shift  # zero inside the image
+        regions = [(slice(0, t), slice(0, wo)), (slice(ho - b, ho), slice(0, wo)),
+                   (slice(t, ho - b), slice(0, left)), (slice(t, ho - b), slice(wo - right, wo))]
+        return [(r, corr[:, r[0], r[1]].contiguous()) for r in regions
+                if r[0].stop > r[0].start and r[1].stop > r[1].start]
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        size = (x.shape[-2], x.shape[-1])
+        if torch.compiler.is_compiling():
+            pieces = self._pieces(size)
+        else:
+            key = (size, x.device, x.dtype, self.weight._version, self.shift._version,
+                   None if self.bias is None else self.bias._version)
+            pieces = self._borders.get(key)
+            if pieces is None:
+                pieces = self._pieces(size)
+                self._borders = {key: pieces}
+        for (rows, cols), piece in pieces:
+            out[:, :, rows, cols] += piece.to(out.dtype)
+        return out
 
 
 def _padded(conv: nn.Conv2d) -> bool:
@@ -115,6 +177,11 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     padding) everything rides in the convolution's per-channel bias; otherwise one map is added in place.
     The result is a fresh tensor that no backward needs, so callers may change it in place.
     """
+    if type(conv) is ShiftedConv2d:  # a folded layer: its shift is inside; nothing more may be folded in
+        if shift is not None or scale is not None or bias is not None:
+            raise ValueError("lean_conv2d got scalars for a folded ShiftedConv2d, whose shift is already inside; "
+                             "fold every scalar of the block (fixup.fold_for_inference) or none")
+        return conv(x)
     if not plain_conv(conv):
         raise ValueError(f"lean_conv2d supports nn.Conv2d with groups=1 and zero padding given as numbers; got "
                          f"{type(conv).__name__} with groups={conv.groups}, padding={conv.padding!r}, "
