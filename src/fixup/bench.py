@@ -20,6 +20,8 @@ extra time or memory goes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import platform
 import statistics
 import time
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._devices import check_device_name, resolve_device
 from .bench_families import FAMILIES, FLOOR, FORWARD_ONLY, VARIANTS, Family, build_variant, loss_fn, make_batch
 from .memory import MEMORY_METHOD, peak_step_memory
 from .profiling import explain, op_profile
@@ -52,6 +55,8 @@ class BenchConfig:
     threads: tuple[int, ...] = (1, 2)  # torch.set_num_threads for each pass
     batch: int | None = None  # examples per step; None: each family's default
     depth: int | None = None  # the CIFAR ResNet's depth (6n+2); None: the family's (20)
+    image_size: int | None = None  # image side in pixels for the ResNets; None: each family's (32, 64)
+    device: str = "cpu"  # cpu, cuda, cuda:N or auto (threads apply to the CPU)
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
     memory: bool = True  # also measure peak memory of one step
@@ -74,14 +79,25 @@ class BenchConfig:
                              f"batch={self.batch}")
         if not self.threads or any(t < 1 for t in self.threads):
             raise ValueError(f"threads must be positive thread counts, got {self.threads}")
+        if self.image_size is not None and self.image_size < 1:
+            raise ValueError(f"image_size must be >= 1 pixel, got {self.image_size}")
+        if self.depth is not None:
+            from .models.resnet_cifar import check_cifar_depth
+
+            check_cifar_depth(self.depth)
+        check_device_name(self.device)
 
 
 class _Runner:
     """One model with its optimiser and a fixed batch: ``step()`` trains once, ``forward()`` infers."""
 
     def __init__(self, model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.Tensor,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], compile: bool) -> None:
-        self.model, self.inputs, self.target, self.loss = model, inputs, target, loss
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], compile: bool,
+                 device: torch.device) -> None:
+        model = model.to(device)
+        self.device = device
+        self.model, self.loss = model, loss
+        self.inputs, self.target = tuple(t.to(device) for t in inputs), target.to(device)
         self.run = torch.compile(model) if compile else model
         self.opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
@@ -105,10 +121,18 @@ def _interleaved(runners: dict[str, _Runner], method: str, reps: int, warmup: in
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(reps):
         for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each repetition
+            runner = runners[name]
+            _sync(runner.device)
             start = time.perf_counter()
-            getattr(runners[name], method)()
+            getattr(runner, method)()
+            _sync(runner.device)
             times[name].append((time.perf_counter() - start) * 1e3)
     return times
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -142,12 +166,15 @@ def _explain(row: dict[str, Any], runners: dict[str, _Runner]) -> str:
     return " | ".join(parts)
 
 
-def _measure_family(family: Family, mode: str, config: BenchConfig, progress: Callable[[str], None]) -> list[dict]:
+def _measure_family(family: Family, mode: str, config: BenchConfig, device: torch.device,
+                    progress: Callable[[str], None]) -> list[dict]:
+    if config.image_size is not None and not family.text:
+        family = dataclasses.replace(family, image=config.image_size)
     inputs, target = make_batch(family, config.batch or family.batch, config.seed)
     compile = mode == "compile"
     warmup = max(config.warmup, 1) if compile else config.warmup
     runners = {v: _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
-                          loss_fn(family), compile) for v in config.variants}
+                          loss_fn(family), compile, device) for v in config.variants}
     trainable = {v: r for v, r in runners.items() if v not in FORWARD_ONLY}
     mem = {}
     rows = []
@@ -159,7 +186,7 @@ def _measure_family(family: Family, mode: str, config: BenchConfig, progress: Ca
         fwd = _interleaved(runners, "forward", config.reps, warmup)
         if config.memory and not mem:
             progress(f"{family.name} {mode}: peak memory")
-            mem = {v: peak_step_memory(r.step, r.model, "cpu") for v, r in trainable.items()}
+            mem = {v: peak_step_memory(r.step, r.model, device) for v, r in trainable.items()}
         step_ratio, fwd_ratio = _ratios(step), _ratios(fwd)
         for v in config.variants:
             label = family.norm if v == "norm" else v
@@ -178,27 +205,28 @@ def _measure_family(family: Family, mode: str, config: BenchConfig, progress: Ca
 
 
 def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark on the CPU; returns a JSON-ready dict with the environment, config and one row per cell."""
+    """Run the benchmark; returns a JSON-ready dict with the environment, config and one row per cell."""
     say = progress or (lambda _msg: None)
+    device = resolve_device(config.device)
     old_threads = torch.get_num_threads()
     rows = []
     try:
         for mode in config.modes:
             for name in config.families:
-                rows.extend(_measure_family(FAMILIES[name], mode, config, say))
+                rows.extend(_measure_family(FAMILIES[name], mode, config, device, say))
     finally:
         torch.set_num_threads(old_threads)
     try:
-        load = [round(x, 2) for x in __import__("os").getloadavg()]
+        load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
     return {
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "machine": platform.machine(), "cpus": __import__("os").cpu_count(), "load_average": load},
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+                        "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": load},
         "config": asdict(config),
         "families": {name: FAMILIES[name].describe() for name in config.families},
         "targets": {"step": STEP_TARGET, "memory": MEMORY_TARGET, "folded_forward": FOLD_TARGET},
-        "memory_method": MEMORY_METHOD["cpu"] if config.memory else None,
+        "memory_method": MEMORY_METHOD[device.type] if config.memory else None,
         "timing_method": "median and (min, max) over interleaved repetitions after warm-up; ratio = median of "
                          "per-repetition ratios to the bare network timed in the same repetition",
         "rows": rows,
@@ -242,32 +270,47 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's options (shared by ``fixup bench`` and ``benchmarks/bench_models.py``)."""
     d = BenchConfig()
-    p.add_argument("--families", nargs="+", default=list(d.families), choices=list(FAMILIES))
-    p.add_argument("--variants", nargs="+", default=list(d.variants), choices=list(VARIANTS))
+    p.add_argument("--families", nargs="+", default=list(d.families), choices=list(FAMILIES),
+                   help="model families to measure (default: %(default)s)")
+    p.add_argument("--variants", nargs="+", default=list(d.variants), choices=list(VARIANTS),
+                   help="variants side by side; 'none' (the bare network) is the floor ratios refer to, 'norm' the "
+                        "family's BatchNorm or LayerNorm (default: %(default)s)")
     p.add_argument("--modes", nargs="+", default=list(d.modes), choices=list(MODES),
-                   help="eager and/or compile (torch.compile; minutes to compile on a CPU)")
-    p.add_argument("--compile", action="store_true", help="shorthand for --modes eager compile")
-    p.add_argument("--threads", type=int, nargs="+", default=list(d.threads))
-    p.add_argument("--batch", type=int, default=None, help="examples per step (default: each family's)")
-    p.add_argument("--depth", type=int, default=None, help="the CIFAR ResNet's depth, 6n+2 (default 20)")
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--reps", type=int, default=d.reps)
-    p.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
-    p.add_argument("--no-explain", action="store_true", help="do not profile the cells that miss a target")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+                   help="eager and/or compile (torch.compile; minutes to compile on a CPU) (default: %(default)s)")
+    p.add_argument("--compile", action="store_true", help="shorthand for --modes eager compile (default: off)")
+    p.add_argument("--threads", type=int, nargs="+", default=list(d.threads),
+                   help="torch thread counts to measure, one pass each (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="examples per step (default: None, each family's: 64, 32, 64, 32)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="the CIFAR ResNet's depth, 6n+2 (default: None, which is 20)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="image side in pixels for the ResNet families (default: None, each family's: 32 or 64)")
+    p.add_argument("--warmup", type=int, default=d.warmup,
+                   help="untimed calls per variant before timing, at least 1 when compiling (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=d.reps, help="timed repetitions per variant, interleaved "
+                                                            "(default: %(default)s)")
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (default: measure)")
+    p.add_argument("--no-explain", action="store_true",
+                   help="do not profile the cells that miss a target (default: profile them)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (default: plain text)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and the batch (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to this file (default: none)")
 
 
 def run_command(args: argparse.Namespace) -> int:
     import sys
 
-    from .cli import write_json
+    from ._io import check_output_file, write_json
 
+    if args.json:
+        check_output_file(args.json)
     modes = ("eager", "compile") if args.compile else tuple(args.modes)
     config = BenchConfig(families=tuple(args.families), variants=tuple(args.variants), modes=modes,
-                         threads=tuple(args.threads), batch=args.batch, depth=args.depth, warmup=args.warmup,
-                         reps=args.reps, memory=not args.no_memory, explain=not args.no_explain, seed=args.seed)
+                         threads=tuple(args.threads), batch=args.batch, depth=args.depth, image_size=args.image_size,
+                         device=args.device, warmup=args.warmup, reps=args.reps, memory=not args.no_memory,
+                         explain=not args.no_explain, seed=args.seed)
     result = benchmark(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result, markdown=args.markdown))
     if args.json:
