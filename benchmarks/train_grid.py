@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=0, help="input channels (0: as stored)")
     p.add_argument("--scalar-lr-mult", type=float, default=None, help="scalars' rate (default: the engine's, 0.1)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (default: one per core)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per run (default 1: on a shared machine more threads spin and slow it down)")
     p.add_argument("--json", default=None, help="write every run and the summary here")
     a = p.parse_args(argv)
     fixed: dict[str, Any] = {"model": a.model, "epochs": a.epochs, "batch_size": a.batch_size, "channels": a.channels,
@@ -95,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lr", "schedule", "scalar_lr_mult"):
         if getattr(a, name) is not None:
             fixed[name] = getattr(a, name)
-    jobs = [{**fixed, "depth": d, "method": m, "seed": s, "threads": 1 if a.jobs > 1 else (os.cpu_count() or 1)}
+    jobs = [{**fixed, "depth": d, "method": m, "seed": s, "threads": a.threads}
             for d in a.depths for m in a.methods for s in a.seeds]
     started = time.perf_counter()
-    if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs) as pool:
-            rows = list(pool.map(_run, jobs))
-    else:
-        rows = [_run(j) for j in jobs]
+    rows = []
+    with ProcessPoolExecutor(a.jobs) as pool:
+        for row in pool.map(_run, jobs):  # each run as it ends, so that a long grid shows its progress
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     table = summarise(rows)
     print(markdown(table))
     wall = time.perf_counter() - started

@@ -86,8 +86,12 @@ def test_pre_norm_transformer_gives_the_same_accounting_as_post_norm() -> None:
     pre = _build("transformer_tiny", "layernorm", pre_norm=True)
     _, report = adapt(pre, _example(pre))
     assert accounting(report) == accounting(_build("transformer_tiny", "fixup").init_report)
-    # Pre-norm LayerNorms sit before a weight layer (a scalar bias goes there) or on the stream: all go.
-    assert all(n.action == "removed" for n in report.norms_replaced)
+    # Pre-norm LayerNorms feed only their branch's first weight layers: each becomes their scalar bias.
+    branch_norms = [n for n in report.norms_replaced if n.name.endswith(".pre_norm")]
+    assert len(branch_norms) == 10 and all(n.action == "bias" and "next weight layer" in n.why for n in branch_norms)
+    # the stacks' final norms sit on the residual stream: removed, no bias kept there
+    assert {n.name: n.action for n in report.norms_replaced if not n.name.endswith(".pre_norm")} == {
+        "encoder_norm": "removed", "decoder_norm": "removed"}
 
 
 def test_cifar_resnet_with_projection_shortcuts() -> None:

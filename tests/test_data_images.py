@@ -163,6 +163,20 @@ def test_image_folder(tmp_path) -> None:
         load_images("folder", data_dir=tmp_path)
 
 
+def test_image_folder_size_comes_from_its_images_unless_asked(tmp_path) -> None:
+    _write_folder(tmp_path)  # images of 10x7 to 12x7 pixels
+    data = load_images("folder", data_dir=tmp_path)
+    assert data.image_size == 10 and data.train[0][0].shape == (3, 10, 10)  # not silently 224
+    assert load_images("folder", data_dir=tmp_path, image_size=16).train[0][0].shape == (3, 16, 16)
+
+
+def test_an_empty_class_folder_is_an_error_naming_it(tmp_path) -> None:
+    _write_folder(tmp_path)
+    (tmp_path / "train" / "emu").mkdir()
+    with pytest.raises(ValueError, match=r"class folder\(s\) .*train/emu hold no image files"):
+        load_images("folder", data_dir=tmp_path)
+
+
 def test_random_crop_takes_a_window_of_the_padded_image() -> None:
     x = torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).view(2, 3, 6, 6) + 1
     out = random_crop(x, 2, torch.Generator().manual_seed(0))

@@ -152,11 +152,11 @@ def test_lean_fixup_keeps_no_more_for_backward_than_the_bare_network():
 
 
 def test_lean_path_still_rejects_mismatched_residual_shapes():
-    block = BasicBlock(4, 4, 1, fixup.METHODS["fixup"])
+    block = BasicBlock(4, 4, method=fixup.METHODS["fixup"])
     block.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
     with pytest.raises(ValueError, match=r"shape \(1, 4, 6, 6\)"):
         block(torch.randn(1, 4, 6, 6))
-    bare = BasicBlock(4, 4, 1, fixup.METHODS["he"])
+    bare = BasicBlock(4, 4, method=fixup.METHODS["he"])
     bare.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
     with pytest.raises(ValueError, match="must match exactly"):
         bare(torch.randn(1, 4, 6, 6))

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from fixup.studies import Cell, Store, Task, run_tasks
-from fixup.studies.claims import DIRECTION, NOT_REPRODUCED, NOT_RUN, VERDICTS
 from fixup.studies.stats import stat
 from fixup.studies.store import ConfigMismatchError
 
@@ -124,7 +123,3 @@ def test_stat_mean_std_n():
     assert s.format(1) == "2.0 ± 1.0 (n=3 of 5)"
     assert stat([None]).format() == "— (n=0 of 1)"
     assert stat([0.5]).std == 0.0
-
-
-def test_verdicts_are_the_four_of_the_issue():
-    assert VERDICTS == ("reproduced", DIRECTION, NOT_REPRODUCED, NOT_RUN)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fixup
+from fixup.branch import find_branches
 from fixup.cli import build_parser
 from fixup.cli import main as cli_main
 from fixup.nn import Bias, Scale
@@ -64,9 +65,15 @@ def test_sigint_stops_after_the_step_and_resumes(tmp_path) -> None:
         if info.step == 4:
             os.kill(os.getpid(), signal.SIGINT)
 
-    first = fit(cfg, out_dir=tmp_path, progress=False, on_step=interrupt)
-    assert first.outcome == "interrupted" and first.outcome.step == 4 and "SIGINT" in first.reason
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    # Our own handler: a background job inherits SIGINT ignored, and the engine leaves ignored signals alone.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        first = fit(cfg, out_dir=tmp_path, progress=False, on_step=interrupt)
+        assert first.outcome == "interrupted" and first.outcome.step == 4 and "SIGINT" in first.reason
+        assert first.stopped_by == "SIGINT" and first.exit_code == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert fit(cfg, out_dir=tmp_path, progress=False).outcome == "completed"
 
 
@@ -91,17 +98,22 @@ def test_loss_bound_is_divergence_and_cli_exit_code(tmp_path) -> None:
     assert code == 3
 
 
-def test_param_groups_are_exactly_the_scalars() -> None:
+def test_param_groups_are_exactly_the_scalars_with_the_stream_biases_budgeted() -> None:
     model = fixup.create_model("resnet_cifar", depth=14)
     cfg = TrainConfig(lr=0.2, scalar_lr_mult=0.1, weight_decay=5e-4, scalar_weight_decay=0.0)
     groups = {g["name"]: g for g in param_groups(model, cfg)}
-    expected = {id(p) for m in model.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters()}
-    assert {id(p) for p in groups["scalars"]["params"]} == expected
-    assert len(expected) == 2 + 6 * 5  # stem and head biases; 6 blocks of 4 biases and 1 multiplier
+    scalars = {id(p) for m in model.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters()}
+    stream = {id(b.stream_bias.bias) for _, b in find_branches(model)}
+    assert {id(p) for p in groups["scalars"]["params"]} == scalars - stream
+    assert {id(p) for p in groups["stream_biases"]["params"]} == stream and len(stream) == 6  # one per block
+    assert len(scalars) == 2 + 6 * 5  # stem and head biases; 6 blocks of 4 biases and 1 multiplier
     assert all(p.numel() == 1 for p in groups["scalars"]["params"])
-    assert {id(p) for p in groups["weights"]["params"]} == {id(p) for p in model.parameters()} - expected
+    assert {id(p) for p in groups["weights"]["params"]} == {id(p) for p in model.parameters()} - scalars
     assert groups["scalars"]["lr"] == pytest.approx(0.02) and groups["scalars"]["weight_decay"] == 0.0
+    assert groups["stream_biases"]["lr"] == pytest.approx(0.02 / 6)  # together, one scalar's rate
     assert groups["weights"]["lr"] == 0.2 and groups["weights"]["weight_decay"] == 5e-4
+    paper = fixup.create_model("resnet_cifar", depth=14, init="fixup_paper")
+    assert [g["name"] for g in param_groups(paper, cfg)] == ["weights", "scalars"]  # the authors': no budget
     bn = fixup.create_model("resnet_cifar", depth=14, norm="batchnorm")
     assert [g["name"] for g in param_groups(bn, cfg)] == ["weights"]
 
@@ -112,7 +124,9 @@ def test_run_log_lists_groups(tmp_path) -> None:
     fit(TrainConfig(depth=8, epochs=1, batch_size=128), out_dir=tmp_path, progress=False)
     run = json.loads((tmp_path / "run.json").read_text())
     names = {g["name"]: g for g in run["param_groups"]}
-    assert set(names) == {"weights", "scalars"} and "layer1.0.scale.scale" in names["scalars"]["params"]
+    assert set(names) == {"weights", "scalars", "stream_biases"}
+    assert "layer1.0.scale.scale" in names["scalars"]["params"]
+    assert names["stream_biases"]["params"] == ["layer1.0.bias2b.bias", "layer2.0.bias2b.bias", "layer3.0.bias2b.bias"]
     assert (tmp_path / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,lr")
     assert TrainConfig.from_dict(json.loads((tmp_path / "config.json").read_text())).depth == 8
     # The saved config is a starting point for the command line; given options override it.
@@ -183,3 +197,16 @@ def test_activation_checkpointing_trains_the_same_model() -> None:
 def test_bf16_autocast_trains() -> None:
     result = fit(TrainConfig(**{**SMALL, "epochs": 1}, precision="bf16"), progress=False)
     assert result.outcome.status == "completed" and math.isfinite(result.final["train_loss"])
+
+
+def test_rerunning_a_finished_run_says_so_and_force_trains_again(tmp_path, capsys) -> None:
+    args = ["train", "--depth", "8", "--batch-size", "256", "--epochs", "1", "--no-progress",
+            "--out-dir", str(tmp_path)]
+    assert cli_main(args) == 0
+    assert "completed after 1 epoch(s)" in capsys.readouterr().out
+    assert cli_main(args) == 0
+    again = capsys.readouterr()
+    assert "completed after" not in again.out  # the old result is not reprinted as if it had trained
+    assert "already ended (completed after 6 steps" in again.err and "Add --force" in again.err
+    assert cli_main([*args, "--force"]) == 0
+    assert "completed after 1 epoch(s), 6 steps" in capsys.readouterr().out

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixup.train.checkpoint import load_checkpoint
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 ARGS = ["--depth", "8", "--batch-size", "32", "--epochs", "2", "--schedule", "cosine", "--crop-padding", "1",
         "--mixup-alpha", "0.4", "--no-progress"]
@@ -28,7 +30,7 @@ def _train(out: Path, *extra: str) -> subprocess.Popen:
 
 
 def _model(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    return load_checkpoint(out / "checkpoint.pt")["model"]
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -45,8 +47,8 @@ def test_sigterm_then_resume_equals_straight_run(tmp_path) -> None:
         time.sleep(0.02)
     killed.send_signal(signal.SIGTERM)
     out = killed.communicate(timeout=120)[0]
-    assert killed.returncode == 4, out  # interrupted, mid-way through epoch 2
-    state = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)
+    assert killed.returncode == 143, out  # interrupted by SIGTERM, mid-way through epoch 2
+    state = load_checkpoint(tmp_path / "killed" / "checkpoint.pt")
     assert state["position"]["epoch"] == 1 and state["outcome"]["status"] == "interrupted"
     resumed = _train(tmp_path / "killed")
     assert resumed.wait(timeout=300) == 0 and straight.wait(timeout=300) == 0

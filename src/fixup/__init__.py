@@ -7,7 +7,7 @@
 9
 """
 
-from .adapt import AdaptError, AdaptReport, adapt
+from ._adapt import AdaptError, AdaptReport, adapt, load_original
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .checkpointing import enable_checkpointing
 from .fold import fold_for_inference
@@ -41,6 +41,7 @@ __all__ = [
     "fixup_init_",
     "fold_for_inference",
     "list_models",
+    "load_original",
     "param_groups",
     "register_model",
     "residual_add",

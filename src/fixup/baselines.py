@@ -79,10 +79,10 @@ def _record(name: str, layer: nn.Module, std: float) -> LayerRecord:
     return LayerRecord(name, type(layer).__name__, list(layer.weight.shape), float(std))
 
 
-def describe_init(model: nn.Module, method: str, scheme: str) -> InitReport:
-    """The report of a model its own constructor initialised by ``scheme``: each weight layer's std as drawn."""
-    records = [_record(name, mod, float(mod.weight.detach().std()) if mod.weight.numel() > 1 else 0.0)
-               for name, mod in _named_weight_layers(model)]
+def describe_init(model: nn.Module, method: str, scheme: str, stds: dict[str, float]) -> InitReport:
+    """The report of a model its own constructor initialised by ``scheme``, with the std each weight layer was
+    drawn with (``stds``, by qualified name)."""
+    records = [_record(name, mod, stds[name]) for name, mod in _named_weight_layers(model)]
     scalars = sum(isinstance(m, (Bias, Scale)) for m in model.modules())
     return _plain_report(model, method, scheme, records, scalars)
 
@@ -132,7 +132,8 @@ def orthonormal_init_(model: nn.Module, *, generator: torch.Generator | None = N
         nn.init.orthogonal_(mod.weight, generator=generator)
         if mod.bias is not None:
             mod.bias.zero_()
-        records.append(_record(name, mod, float(mod.weight.std()) if mod.weight.numel() > 1 else 0.0))
+        rows, cols = mod.weight.shape[0], mod.weight[0].numel()
+        records.append(_record(name, mod, math.sqrt(1.0 / max(rows, cols))))  # orthonormal rows (or columns)
     scalars = _reset_norms_and_scalars(model)
     return _plain_report(model, "lsuv", "orthonormal (LSUV step 1); LSUV rescaling pending", records, scalars)
 

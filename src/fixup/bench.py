@@ -33,7 +33,17 @@ import torch
 from torch import nn
 
 from ._devices import check_device_name, resolve_device
-from .bench_families import FAMILIES, FLOOR, FORWARD_ONLY, VARIANTS, Family, build_variant, loss_fn, make_batch
+from .bench_families import (
+    FAMILIES,
+    FLOOR,
+    FORWARD_ONLY,
+    SEQUENCE,
+    VARIANTS,
+    Family,
+    build_variant,
+    loss_fn,
+    make_batch,
+)
 from .memory import MEMORY_METHOD, peak_step_memory
 from .profiling import explain, op_profile
 
@@ -170,7 +180,8 @@ def _measure_family(family: Family, mode: str, config: BenchConfig, device: torc
                     progress: Callable[[str], None]) -> list[dict]:
     if config.image_size is not None and not family.text:
         family = dataclasses.replace(family, image=config.image_size)
-    inputs, target = make_batch(family, config.batch or family.batch, config.seed)
+    batch = config.batch or family.batch
+    inputs, target = make_batch(family, batch, config.seed)
     compile = mode == "compile"
     warmup = max(config.warmup, 1) if compile else config.warmup
     runners = {v: _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
@@ -191,7 +202,8 @@ def _measure_family(family: Family, mode: str, config: BenchConfig, device: torc
         for v in config.variants:
             label = family.norm if v == "norm" else v
             row: dict[str, Any] = {"family": family.name, "mode": mode, "threads": threads, "variant": v,
-                                   "label": label, "forward_ms": _summary(fwd[v]), "forward_ratio": fwd_ratio[v]}
+                                   "label": label, "forward_ms": _summary(fwd[v]), "forward_ratio": fwd_ratio[v],
+                                   "forward_examples_per_s": batch / (statistics.median(fwd[v]) / 1e3)}
             if v in step:
                 row.update(step_ms=_summary(step[v]), step_ratio=step_ratio[v])
             if v in mem:
@@ -202,6 +214,17 @@ def _measure_family(family: Family, mode: str, config: BenchConfig, device: torc
                 row["reason"] = _explain(row, runners)
             rows.append(row)
     return rows
+
+
+def _family_record(family: Family, config: BenchConfig) -> dict[str, Any]:
+    """What a family's rows measured: its builder, options, batch and input size (numbers under names)."""
+    options = dict(family.kwargs, **({"depth": config.depth} if config.depth and family.name == "cifar" else {}))
+    record = {"model": family.model, "options": options, "batch": config.batch or family.batch}
+    if family.text:
+        record["tokens"] = SEQUENCE
+    else:
+        record["image_size"] = config.image_size or family.image
+    return record
 
 
 def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -224,7 +247,7 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
         "environment": {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
                         "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": load},
         "config": asdict(config),
-        "families": {name: FAMILIES[name].describe() for name in config.families},
+        "families": {name: _family_record(FAMILIES[name], config) for name in config.families},
         "targets": {"step": STEP_TARGET, "memory": MEMORY_TARGET, "folded_forward": FOLD_TARGET},
         "memory_method": MEMORY_METHOD[device.type] if config.memory else None,
         "timing_method": "median and (min, max) over interleaved repetitions after warm-up; ratio = median of "

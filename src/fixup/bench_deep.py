@@ -140,7 +140,14 @@ def format_deep_table(result: dict[str, Any]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from .cli import write_json
+    from ._checks import check_numbers
+    from ._io import write_json
+
+    check_numbers(args, positive=("batch", "steps", "timeout"))
+    for seg in args.segments:
+        if seg != "auto" and not (seg.isdigit()):
+            raise ValueError(f"--segments takes 0 (none), auto (sqrt of blocks) or a whole number of segments, "
+                             f"got {seg!r}")
 
     result = sweep(args.depths, args.batch, args.segments, args.steps, args.timeout,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
@@ -153,13 +160,14 @@ def _command(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-deep", help="very deep CIFAR ResNets: build time, step time and peak memory vs depth, "
                                           "with and without activation checkpointing")
-    p.add_argument("--depths", type=int, nargs="+", default=[998, 2000, 5000, 9998], help="depths 6n+2")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--depths", type=int, nargs="+", default=[998, 2000, 5000, 9998],
+                   help="CIFAR ResNet depths to measure (each 6n+2)")
+    p.add_argument("--batch", type=int, default=8, help="images per training step")
     p.add_argument("--segments", nargs="+", default=["0", "auto"],
                    help="checkpoint segments per case: 0 (none), auto (sqrt of blocks) or a number")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case")
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--steps", type=int, default=2, help="training steps per case (the first is not reported)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per case (default None: no limit)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to this file")
     p.set_defaults(func=_command)
 
 

@@ -56,10 +56,6 @@ class Family:
     image: int = 32  # image side in pixels
     bare: Method | None = None  # the bare network's method where norm="none" does not exist
 
-    def describe(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in self.kwargs.items())
-        return f"{self.model}({opts})"
-
 
 FAMILIES: dict[str, Family] = {
     "cifar": Family("cifar", "resnet_cifar", {"depth": 20}, "batchnorm", 64),

@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import os
+import shlex
 import sys
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["main", "write_json"]
+from ._adapt._cli import add_arguments as adapt_arguments
+from ._checks import check_numbers
+from ._signals import Interrupted, signals_raise
+
+__all__ = ["main"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
 _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
                               "fixup.bench", "fixup.lab.cli", "fixup.bench_deep")
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` (atomically: a temporary file, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,14 +40,16 @@ def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from ._io import write_json
     from .models import create_model
 
     if args.adapt:
-        from .adapt._cli import run
+        from ._adapt._cli import run
 
         return run(args)
     if args.model is None:
         raise ValueError("give a registered model name (see `fixup list`) or --adapt module:factory")
+    check_numbers(args, positive=("depth", "width", "num_classes"))
 
     model = create_model(args.model, **_model_kwargs(args))
     report = model.init_report
@@ -70,17 +68,20 @@ def _inspect(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="build a model and print its initialisation accounting report")
     p.add_argument("model", nargs="?", help="a registered model name (see `fixup list`)")
-    p.add_argument("--norm", default="fixup", help="fixup (default), batchnorm, groupnorm, layernorm or none")
-    p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm)")
-    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
-    p.add_argument("--width", type=int, default=None, help="width, for models that take one")
-    p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--verbose", action="store_true", help="list every branch")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    importlib.import_module("fixup.adapt._cli").add_arguments(p)
+    p.add_argument("--norm", default="fixup", help="normalisation: fixup, batchnorm, groupnorm, layernorm or none")
+    p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm; default None: the "
+                                                "norm's own)")
+    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one (default None: the "
+                                                           "model's own)")
+    p.add_argument("--width", type=int, default=None, help="width, for models that take one (default None: the "
+                                                           "model's own)")
+    p.add_argument("--num-classes", type=int, default=None, help="classifier outputs (default None: the model's own)")
+    p.add_argument("--verbose", action="store_true", help="list every branch, not only the first 12")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to this file")
+    adapt_arguments(p)
     p.set_defaults(func=_inspect)
     p = sub.add_parser("list", help="list registered models")
-    p.add_argument("pattern", nargs="?", default="*")
+    p.add_argument("pattern", nargs="?", default="*", help="shell-style pattern of the names to list, e.g. 'resnet*'")
     p.set_defaults(func=_list)
 
 
@@ -91,18 +92,99 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written; every option's help ends with its default."""
+
+
+class _Subcommands(argparse._SubParsersAction):
+    """Subcommands whose one-line help is also their description, unless they give a longer one."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if kwargs.get("description") is None and kwargs.get("help"):
+            kwargs["description"] = kwargs["help"][0].upper() + kwargs["help"][1:] + "."
+        return super().add_parser(name, **kwargs)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (with where to find help), exit code 2, and whose
+    help shows every option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["formatter_class"] = _Formatter
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fixup", description="Fixup initialisation: library, laboratory, studies")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    parser = _Parser(prog="fixup", description="Fixup initialisation: library, laboratory, studies")
+    parser.add_argument("--version", action="version", version=f"fixup-lab {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
         importlib.import_module(name).register(sub)
     return parser
 
 
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+              line: str | None = None) -> None:
+    """Warnings shown by the command line: ``fixup: warning: ...`` on one line."""
+    print(f"fixup: {category.__name__}: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _command_name(args: argparse.Namespace | None, argv: Sequence[str]) -> str:
+    if args is None:
+        return "fixup"
+    sub = getattr(args, "lab_command", None)
+    return f"fixup {args.command}" + (f" {sub}" if sub else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"fixup {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    """Run one ``fixup`` command; returns its exit code.
+
+    Exit codes: 0 success; 2 bad options or input (one line on stderr naming the value and the fix);
+    130 / 143 stopped by SIGINT / SIGTERM (one line: what was kept and the command that resumes);
+    141 the reader of the output went away (``fixup list | head``); commands document others
+    (``fixup train``: 3 diverged, 5 collapsed).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
+    with signals_raise(), warnings.catch_warnings():
+        warnings.showwarning = _one_line
+        try:
+            args = build_parser().parse_args(argv)
+            _check_outputs(args)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at interpreter exit
+            return code
+        except Interrupted as err:
+            return _interrupted(err, _command_name(args, argv), argv)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+            return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
+        except (ValueError, OSError) as err:
+            text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+            print(f"{_command_name(args, argv)}: error: {text}", file=sys.stderr)
+            return 2
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Output paths every command shares, checked before any work starts."""
+    from ._io import check_output_dir, check_output_file
+
+    for name, option in (("out_dir", "--out-dir"), ("out", "--out")):
+        if getattr(args, name, None) is not None:
+            check_output_dir(getattr(args, name), option)
+    for name, option in (("json", "--json"), ("plot", "--plot")):
+        if getattr(args, name, None) is not None:
+            check_output_file(getattr(args, name), option)
+
+
+def _interrupted(err: Interrupted, command: str, argv: Sequence[str]) -> int:
+    kept = err.kept or "nothing was kept"
+    print(f"{command}: interrupted by {err.name}; {kept}; to resume run: fixup {shlex.join(argv)}", file=sys.stderr)
+    return err.exit_code

@@ -320,7 +320,7 @@ class FixupReport(InitReport):
                 lines.append(f"  {b.name:<22} {b.kind:<11} m={b.m} factor {b.factor:.4g}: scaled [{sc}] "
                              f"zeroed {local(b.zeroed)}; {b.num_biases} biases{stream}, "
                              f"{'a' if b.has_scale else 'NO'} multiplier"
-                             + (f"; projection {local(b.shortcut)}" if b.shortcut else ""))
+                             + (f"; shortcut {local(b.shortcut)}" if b.shortcut else ""))
             if len(self.branches) > max_branches:
                 lines.append(f"  ... {len(self.branches) - max_branches} more (to_dict() or --json lists all)")
         lines.extend(self._format_tail())

@@ -14,7 +14,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["normalize", "random_crop", "random_flip", "resize_images"]
+__all__ = ["adapt_channels", "normalize", "random_crop", "random_flip", "resize_images"]
+
+
+def adapt_channels(x: Tensor, channels: int) -> Tensor:
+    """Make a batch have ``channels`` channels: 0 keeps it, 1 <-> 3 by averaging or repeating."""
+    c = x.shape[1]
+    if channels in (0, c):
+        return x
+    if c == 1:
+        return x.expand(-1, channels, -1, -1).contiguous()
+    if channels == 1:
+        return x.mean(1, keepdim=True)
+    raise ValueError(f"cannot turn {c}-channel images into {channels} channels; use channels=0 (as stored), 1 or 3")
 
 
 def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:

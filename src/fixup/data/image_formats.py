@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .images import adapt_channels
+from .augment import adapt_channels
 
 __all__ = ["LAYOUTS", "FolderImages", "read_cifar", "read_folder", "read_svhn"]
 
@@ -177,8 +177,28 @@ class FolderImages(Dataset):
         return adapt_channels(x[None], self.channels)[0], self.labels[i]
 
 
-def read_folder(root: Path, size: int, channels: int = 0) -> tuple[FolderImages, FolderImages, list[str]]:
-    """Index ``root/train/<class>/*`` and ``root/val/<class>/*``; classes are the sorted train sub-folders."""
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.glob("*") if f.suffix.lower() in _IMAGE_SUFFIXES) if folder.is_dir() else []
+
+
+def _stored_size(file: Path) -> int:
+    """The larger side, in pixels, of one image file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(file) as img:
+            return max(img.size)
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"folder: cannot decode image {file} ({err}); remove it or replace it") from err
+
+
+def read_folder(root: Path, size: int = 0, channels: int = 0) -> tuple[FolderImages, FolderImages, list[str]]:
+    """Index ``root/train/<class>/*`` and ``root/val/<class>/*``; classes are the sorted train sub-folders.
+
+    Every image is resized to ``size x size``; ``size=0`` takes the larger side of the first training
+    image (a folder of 32x32 images stays 32x32). A class folder in train/ without images is an error
+    naming it: it would otherwise count as a class that no example has.
+    """
     layout = f"expected {LAYOUTS['folder']}"
     train_dir = root / "train"
     test_dir = next((root / d for d in ("val", "test") if (root / d).is_dir()), None)
@@ -187,6 +207,12 @@ def read_folder(root: Path, size: int, channels: int = 0) -> tuple[FolderImages,
     classes = sorted(d.name for d in train_dir.iterdir() if d.is_dir())
     if not classes:
         raise FileNotFoundError(f"folder: {train_dir} has no class sub-folders; {layout}")
+    empty = [c for c in classes if not _images_in(train_dir / c)]
+    if empty:
+        raise ValueError(f"folder: class folder(s) {', '.join(str(train_dir / c) for c in empty)} hold no image files "
+                         f"({', '.join(sorted(_IMAGE_SUFFIXES))}); add images or remove the folder(s)")
+    if size <= 0:
+        size = _stored_size(_images_in(train_dir / classes[0])[0])
 
     def index(split: Path) -> FolderImages:
         extra = sorted(d.name for d in split.iterdir() if d.is_dir() and d.name not in classes)
@@ -194,8 +220,7 @@ def read_folder(root: Path, size: int, channels: int = 0) -> tuple[FolderImages,
             raise ValueError(f"folder: {split} has classes {extra} that train/ does not have")
         files, labels = [], []
         for k, c in enumerate(classes):
-            found = sorted(f for f in (split / c).glob("*") if f.suffix.lower() in _IMAGE_SUFFIXES) \
-                if (split / c).is_dir() else []
+            found = _images_in(split / c)
             files += found
             labels += [k] * len(found)
         if not files:

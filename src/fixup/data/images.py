@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .augment import resize_images
+from .augment import adapt_channels, resize_images
 
-__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "adapt_channels", "load_digits", "load_images"]
+__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "load_digits", "load_images"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "folder")
 
@@ -64,18 +64,6 @@ class TensorImages(Dataset):
         if self.size:
             x = resize_images(x, self.size, self.resize)
         return x, self.labels[idx]
-
-
-def adapt_channels(x: Tensor, channels: int) -> Tensor:
-    """Make a batch have ``channels`` channels: 0 keeps it, 1 <-> 3 by averaging or repeating."""
-    c = x.shape[1]
-    if channels in (0, c):
-        return x
-    if c == 1:
-        return x.expand(-1, channels, -1, -1).contiguous()
-    if channels == 1:
-        return x.mean(1, keepdim=True)
-    raise ValueError(f"cannot turn {c}-channel images into {channels} channels; use channels=0 (as stored), 1 or 3")
 
 
 @dataclass
@@ -150,7 +138,8 @@ def load_images(name: str = "digits", *, data_dir: str | Path | None = None, ima
     ``data_dir`` is required for every set but ``digits``: the CIFAR python archive (``.tar.gz``) or
     its extracted folder, the folder holding SVHN's ``train_32x32.mat``/``test_32x32.mat``, or an
     image-folder root with ``train/<class>/*`` and ``val/<class>/*`` (``test/`` also accepted).
-    ``image_size`` (pixels, 0 = as stored; image folders default to 224), ``resize`` and ``channels``
+    ``image_size`` (pixels, 0 = as stored; image folders: the first training image's larger side), ``resize`` and
+    ``channels``
     adapt the images to a model. ``split_seed``/``test_fraction`` concern digits only.
     """
     from . import image_formats
@@ -164,10 +153,10 @@ def load_images(name: str = "digits", *, data_dir: str | Path | None = None, ima
         raise ValueError(f"data set {name!r} is read from local files: pass data_dir (--data-dir) pointing at "
                          f"{image_formats.LAYOUTS[name]}; nothing is downloaded")
     if name == "folder":
-        size = image_size or 224
-        train, test, classes = image_formats.read_folder(Path(data_dir), size=size, channels=channels)
+        train, test, classes = image_formats.read_folder(Path(data_dir), size=image_size, channels=channels)
         mean, std = _channel_stats(*STATS[name], channels)
-        return ImageData(name, train, test, len(classes), in_channels=len(mean), image_size=size, mean=mean, std=std,
+        return ImageData(name, train, test, len(classes), in_channels=len(mean), image_size=train.size, mean=mean,
+                         std=std,
                          classes=classes, source=str(data_dir))
     if name in ("cifar10", "cifar100"):
         (tx, ty), (vx, vy), classes = image_formats.read_cifar(Path(data_dir), name)

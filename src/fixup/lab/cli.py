@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .._checks import check_numbers
+
 __all__ = ["register"]
 
 
@@ -52,7 +54,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
-    from ..cli import write_json
+    from .._io import write_json
 
     if args.json:
         write_json(args.json, data)
@@ -63,9 +65,11 @@ def _finish(args: argparse.Namespace, data: Any, plot: Any = None) -> int:
 
 
 def _theory(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "variance_depths", "draws", "eta"))
+    _check_m(args.m)
     from . import plots
     from .scalar import forward_variance
-    from .theory import budget, lesson_lines
+    from .theory import budget, exponents, lesson_fixtures, lesson_lines
 
     print("\n".join(lesson_lines()))
     budgets = [budget(L, args.m, args.eta).to_dict() for L in args.depths]
@@ -76,11 +80,14 @@ def _theory(args: argparse.Namespace) -> int:
     print(f"\nforward second moment E[f^2]/x^2 at initialisation, scalar network, {args.draws} draws")
     print(table(variance, ["L", "standard_exact", "standard_mean_f2", "standard_median_f2", "fixup_mean_f2",
                            "fixup_max_abs_f_minus_x"]))
-    data = {"lesson": lesson_lines(), "budgets": budgets, "forward_variance": variance}
+    data = {"lesson": lesson_fixtures(), "exponents": exponents(tuple(sorted({2, 3, args.m}))), "budgets": budgets,
+            "forward_variance": variance}
     return _finish(args, data, lambda p: plots.plot_forward_variance(variance, p))
 
 
 def _scalar(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "eta"), finite=("x", "y"))
+    _check_m(args.m)
     from . import plots
     from .scalar import ScalarConfig, scalar_sweep
 
@@ -93,6 +100,7 @@ def _scalar(args: argparse.Namespace) -> int:
 
 
 def _update(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("depths", "steps", "batch", "size", "num_classes"), nonneg=("lr", "scalar_lr"))
     from . import plots
     from .update import update_sweep
 
@@ -117,6 +125,7 @@ def _stream(args: argparse.Namespace) -> int:
     from ..data import load_digits
     from .stream import stream_probe
 
+    check_numbers(args, positive=("size", "num_classes", "depth"), nonneg=("lr", "scalar_lr_mult"))
     if args.batch < 2 or args.steps < 1:
         raise ValueError(f"--batch must be at least 2 and --steps at least 1, got {args.batch} and {args.steps}")
     digits = load_digits(size=args.size if args.size != 8 else 0, channels=3)
@@ -157,6 +166,7 @@ def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("batch", "size", "num_classes", "depth"), nonneg=("lr", "sym_steps"))
     from . import plots
     from .checks import residual_shapes, symmetry_probe
     from .methods import sample_batch
@@ -185,6 +195,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _coupling(args: argparse.Namespace) -> int:
+    check_numbers(args, positive=("companions", "size", "num_classes", "depth"))
     from . import plots
     from .checks import batch_coupling
     from .methods import sample_batch
@@ -200,10 +211,16 @@ def _coupling(args: argparse.Namespace) -> int:
     return _finish(args, records, lambda p: plots.plot_coupling(records, p))
 
 
+def _check_m(m: int) -> None:
+    if m < 2:
+        raise ValueError(f"--m must be >= 2 weight layers per branch (the Fixup factor L^(-1/(2m-2)) needs m > 1), "
+                         f"got {m}")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="PATH", help="write the records as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a figure (PNG; needs matplotlib)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON to this file")
+    p.add_argument("--plot", metavar="PATH", help="also write a figure to this file (PNG; needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the sample inputs")
 
 
 def _model_args(p: argparse.ArgumentParser, methods: bool = False) -> None:
@@ -214,9 +231,10 @@ def _model_args(p: argparse.ArgumentParser, methods: bool = False) -> None:
     else:
         p.add_argument("--method", default="fixup",
                        help="fixup (default), fixup_no_depth_scale, none (He), sqrt2, lsuv, batchnorm, ...")
-    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one")
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images (default 8)")
+    p.add_argument("--depth", type=int, default=None, help="depth, for models that take one (default None: the "
+                                                           "model's own)")
+    p.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
+    p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images in pixels")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -225,45 +243,51 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = labsub.add_parser("theory", help="the lesson's fixtures, first-step budgets, forward variance at init")
     p.add_argument("--depths", type=_ints, default=[1, 10, 100, 1000, 10000], help="L values for the budgets")
-    p.add_argument("--variance-depths", type=_ints, default=[1, 5, 10, 20, 50, 100])
-    p.add_argument("--m", type=int, default=2)
-    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--variance-depths", type=_ints, default=[1, 5, 10, 20, 50, 100],
+                   help="L values for the forward variance of the scalar network")
+    p.add_argument("--m", type=int, default=2, help="weight layers per residual branch")
+    p.add_argument("--eta", type=float, default=0.1, help="learning rate of the first-step budgets")
     p.add_argument("--draws", type=int, default=2000, help="random draws for the forward variance")
     _common(p)
     p.set_defaults(func=_theory)
 
     p = labsub.add_parser("scalar", help="the scalar network of section 3: exact first-step Δf against depth")
-    p.add_argument("--depths", type=_ints, default=[10, 100, 1000, 10000, 100000])
-    p.add_argument("--schemes", type=_names, default=["fixup", "unscaled", "sqrt", "zero", "fixup_x0.1", "fixup_x10"])
-    p.add_argument("--m", type=int, default=2)
-    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--depths", type=_ints, default=[10, 100, 1000, 10000, 100000],
+                   help="comma-separated numbers of residual branches L")
+    p.add_argument("--schemes", type=_names, default=["fixup", "unscaled", "sqrt", "zero", "fixup_x0.1", "fixup_x10"],
+                   help="comma-separated initialisation schemes of the branch weights")
+    p.add_argument("--m", type=int, default=2, help="weight layers per residual branch")
+    p.add_argument("--eta", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--x", type=float, default=1.0, help="scalar input")
     p.add_argument("--y", type=float, default=2.0, help="regression target")
-    p.add_argument("--draw", choices=("constant", "gaussian"), default="constant")
-    p.add_argument("--updates", choices=("aligned", "random_sign"), default="aligned")
+    p.add_argument("--draw", choices=("constant", "gaussian"), default="constant",
+                   help="initial weights: all equal to the scheme's scale, or Gaussian with that spread")
+    p.add_argument("--updates", choices=("aligned", "random_sign"), default="aligned",
+                   help="gradients of the second step: the exact (aligned) ones, or with random signs")
     _common(p)
     p.set_defaults(func=_scalar)
 
     p = labsub.add_parser("update", help="measured Δf of SGD steps against depth on a real network")
-    p.add_argument("--model", default="resnet_cifar", help="a registered model taking depth= (default resnet_cifar)")
-    p.add_argument("--depths", type=_ints, default=[20, 56, 110])
-    p.add_argument("--methods", type=_names, default=["fixup", "fixup_no_depth_scale", "none"])
+    p.add_argument("--model", default="resnet_cifar", help="a registered model that takes depth=")
+    p.add_argument("--depths", type=_ints, default=[20, 56, 110], help="comma-separated model depths")
+    p.add_argument("--methods", type=_names, default=["fixup", "fixup_no_depth_scale", "none"],
+                   help="comma-separated initialisation methods")
     p.add_argument("--steps", type=_ints, default=[1, 10], help="steps to measure (1 is the first)")
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--scalar-lr", type=float, default=1.0,
                    help="learning-rate factor of Fixup's scalar biases and multipliers (0 holds them fixed)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--size", type=int, default=8)
-    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch", type=int, default=8, help="examples in the Gaussian batch")
+    p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images in pixels")
+    p.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
     p.add_argument("--blocks", action="store_true", help="also measure every residual block's change")
     _common(p)
     p.set_defaults(func=_update)
 
     p = labsub.add_parser("probe", help="per-block statistics, symmetry and residual-shape checks of a model")
     _model_args(p)
-    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--batch", type=int, default=10, help="examples in the Gaussian batch")
     p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the symmetry probe")
-    p.add_argument("--sym-steps", type=int, default=2, help="SGD steps before judging symmetry (default 2)")
+    p.add_argument("--sym-steps", type=int, default=2, help="SGD steps before judging symmetry")
     p.add_argument("--all", action="store_true", help="show every module, not only blocks and classifier")
     _common(p)
     p.set_defaults(func=_probe)
@@ -282,6 +306,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
     _model_args(p, methods=True)
-    p.add_argument("--companions", type=int, default=7)
+    p.add_argument("--companions", type=int, default=7, help="examples beside the probed one in its batch")
     _common(p)
     p.set_defaults(func=_coupling)

@@ -31,7 +31,9 @@ __all__ = [
     "LESSON_ROWS",
     "Budget",
     "budget",
+    "exponents",
     "independence_scale",
+    "lesson_fixtures",
     "lesson_lines",
     "relu_std",
     "row_normalise",
@@ -69,6 +71,19 @@ def lesson_lines() -> list[str]:
     lines = [f"fan_in={f}, relu_std={relu_std(f):.4f}" for f in LESSON_FAN_INS]
     lines += [str([round(v, 5) for v in row_normalise(row)]) for row in LESSON_ROWS]
     return lines
+
+
+def lesson_fixtures() -> dict[str, Any]:
+    """The lesson's two fixtures as numbers under names (what :func:`lesson_lines` formats)."""
+    return {"relu_std": [{"fan_in": f, "relu_std": relu_std(f)} for f in LESSON_FAN_INS],
+            "row_normalise": [{"row": list(row), "eps": 1e-5, "normalised": row_normalise(row)}
+                              for row in LESSON_ROWS]}
+
+
+def exponents(ms: tuple[int, ...] = (2, 3)) -> list[dict[str, Any]]:
+    """Rule 2's exponent per branch length m: the factor is ``L ** exponent`` with ``exponent = -1/(2m-2)``,
+    and the path gain ``factor ** (m-1)`` is ``L ** -1/2`` for every m."""
+    return [{"m": m, "exponent": -1.0 / (2 * m - 2), "path_gain_exponent": -0.5} for m in ms]
 
 
 def independence_scale(L: int, m: int) -> float:

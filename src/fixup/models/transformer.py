@@ -342,22 +342,25 @@ class Transformer(nn.Module):
         self.decoder_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.output = nn.Linear(d, cfg.tgt_vocab, bias=False)
         name_blocks(self)
-        self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
+        stds = self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
         if fixup:
             self.init_report = initialise_(self, method, generator=generator, base="xavier")
         else:
             self.init_report = describe_init(self, method.name, "fairseq: Xavier-uniform linear layers, zero "
-                                             "biases, N(0, d^-1/2) embeddings and output projection")
+                                             "biases, N(0, d^-1/2) embeddings and output projection", stds)
 
     @torch.no_grad()
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> dict[str, float]:
         """fairseq's initialisation: Xavier-uniform linear layers with zero biases, N(0, d^-1/2)
-        embeddings and output projection, zero padding embedding, unit LayerNorm gains."""
+        embeddings and output projection, zero padding embedding, unit LayerNorm gains. Returns the std
+        each linear layer was drawn with, by name."""
         d = self.cfg.d_model
-        for mod in self.modules():
+        stds = {}
+        for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear):
                 bound = math.sqrt(6.0 / (mod.in_features + mod.out_features))
                 mod.weight.uniform_(-bound, bound, generator=generator)
+                stds[name] = bound / math.sqrt(3.0)
                 if mod.bias is not None:
                     mod.bias.zero_()
             elif isinstance(mod, nn.Embedding):
@@ -366,6 +369,8 @@ class Transformer(nn.Module):
             elif isinstance(mod, (nn.LayerNorm, Bias, Scale)):
                 mod.reset_parameters()
         self.output.weight.normal_(0.0, d ** -0.5, generator=generator)
+        stds["output"] = d ** -0.5
+        return stds
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.output]

@@ -53,26 +53,52 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+# A long cell stops itself after this many seconds of training, writes the engine's checkpoint and goes on
+# from it, so that a cell killed at any time (SIGKILL, power loss) resumes from its last segment rather
+# than from step 0 (the engine's own checkpoint is written once per epoch, and a depth-study cell is one
+# epoch). The engine's resume is exact, so segments never change a result.
+SEGMENT_SECONDS = 60.0
+
+
 def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
     """Run the cell's ``config["train"]`` with the engine; return its outcome and per-epoch history.
 
-    A divergence is a result (``outcome == "diverged"``), not an error.
+    Any outcome other than ``completed`` (``diverged``, ``collapsed``, ...) is a result, not an error; the
+    figures of a failed cell are left out (``None``) and the report counts the cell by its outcome.
     """
+    import time
+
+    from .._signals import Interrupted
     from ..train import TrainConfig, fit
 
     config = TrainConfig.from_dict(dict(cell.config["train"]))
-    result = fit(config, out_dir=work, progress=False)
+    while True:
+        started, asked = time.monotonic(), []
+
+        def segment(_info: Any, _started: float = started, _asked: list[bool] = asked) -> bool:
+            if config.checkpoint and time.monotonic() - _started >= SEGMENT_SECONDS:
+                _asked.append(True)
+                return True
+            return False
+
+        result = fit(config, out_dir=work, progress=False, on_step=segment)
+        if result.stopped_by:  # SIGINT/SIGTERM: the whole run stops (the cell's checkpoint is kept)
+            raise Interrupted.from_name(result.stopped_by)
+        if result.outcome == "interrupted" and asked and "request" in str(getattr(result, "reason", "")):
+            continue  # our own segment boundary: the checkpoint is written, go on from it
+        break
     if result.outcome == "interrupted":  # not a result: the cell stays unfinished and resumes next time
         raise RuntimeError(f"cell {cell.key} was interrupted ({result.reason}); rerun to resume it")
     history = [{k: v for k, v in row.items() if isinstance(v, (int, float, str)) or v is None}
                for row in result.history]
     last = history[-1] if history else {}
+    ok = result.outcome == "completed"
     return {
         "outcome": result.outcome,
         "diverged": result.outcome == "diverged",
         "reason": getattr(result, "reason", ""),
         "history": history,
-        "test_acc": _finite(last.get("test_acc")) if result.outcome != "diverged" else None,
-        "train_loss": _finite(last.get("train_loss")) if result.outcome != "diverged" else None,
-        "train_acc": _finite(last.get("train_acc")) if result.outcome != "diverged" else None,
+        "test_acc": _finite(last.get("test_acc")) if ok else None,
+        "train_loss": _finite(last.get("train_loss")) if ok else None,
+        "train_acc": _finite(last.get("train_acc")) if ok else None,
     }

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
+from pathlib import Path
 from typing import Any
+
+from .._signals import Interrupted
 
 __all__ = ["register"]
 
@@ -15,17 +17,20 @@ __all__ = ["register"]
 def _add_common(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="the reduced grid on the embedded data: about 15 minutes on 2 CPU cores (default)")
+                      help="the reduced grid on the embedded data (default); prints its own duration estimate, "
+                           "calibrated on this machine, before it starts")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
-                      help="the paper's scale (for a GPU); prints its expected duration first")
+                      help="the paper's scale (for a GPU): --data-dir D holds cifar-10-python.tar.gz (or "
+                           "cifar-10-batches-py) and iwslt14.de-en/; see --dry-run")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="a minimal grid that checks the whole pipeline in about a minute (CI)")
     p.set_defaults(mode="quick")
     p.add_argument("--data", default="digits", choices=("digits", "cifar10", "cifar100", "svhn"),
                    help="image data (default: digits, embedded; the others read --data-dir)")
-    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set")
+    p.add_argument("--data-dir", default=None, help="folder or archive of the local data set (default None: "
+                                                    "digits needs none)")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<mode>); rerun to resume")
+    p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
@@ -33,6 +38,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
     p.add_argument("--plan", action="store_true", help="list the cells and the expected duration, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list every cell, the data it reads and its GPU hours under a stated throughput model; "
+                        "run nothing (for --full)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,10 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the paper's studies (depth, ablation, regularisation, ...) as resumable "
                                    "cells and write OUT/report.md, OUT/results.json and OUT/figures/*.png.")
     _add_common(p)
-    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)})")
+    p.add_argument("--only", default=None, help=f"comma-separated studies to run (of {', '.join(STUDIES)}; "
+                                                f"default None: all)")
     p.set_defaults(func=_reproduce)
     p = sub.add_parser("study", help="run one study of the paper (resumable) and write its report")
-    p.add_argument("name", choices=list(STUDIES), help="the study")
+    p.add_argument("name", choices=list(STUDIES), help=f"the study to run: one of {', '.join(STUDIES)}")
     _add_common(p)
     p.set_defaults(func=_study)
 
@@ -66,7 +75,7 @@ class _Display:
         self.bar.n = p.done
         self.bar.set_postfix_str(f"{len(p.running)} running, {p.left} left, ETA {format_seconds(p.eta)}"
                                  + (f", {p.failed} failed" if p.failed else ""))
-        if message.startswith(("finished", "FAILED")):
+        if message.startswith(("finished", "FAILED", "PROBLEM")):
             self.bar.write(message)
 
     def close(self) -> None:
@@ -74,25 +83,42 @@ class _Display:
 
 
 def _run(args: argparse.Namespace, studies: list[str]) -> int:
-    from .estimate import calibrate, estimate_seconds
     from .grid import make_grid
     from .registry import get_study
-    from .report import claim_rows
-    from .reproduce import plan_all, reproduce
-    from .runner import format_seconds
-    from .store import Store
+    from .store import Store, StoreLockedError
 
+    _check_inputs(args)
+    for name in studies:  # an unknown study is refused before the output folder exists
+        get_study(name)
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
                      image_size=args.image_size, device=args.device)
     if args.jobs < 0:
         raise ValueError(f"--jobs must be 0 (automatic) or a positive number of processes, got {args.jobs}")
     args.jobs = args.jobs or _auto_jobs(args.device)
     out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
-    tasks, waiting = plan_all(grid, Store(out), [get_study(s) for s in studies])
+    store = Store(out)
+    if args.dry_run:
+        return _dry_run(grid, store, studies)
+    try:
+        with store.lock("fixup " + shlex.join(sys.argv[1:])):
+            return _run_locked(args, studies, grid, out, store)
+    except StoreLockedError as err:
+        print(f"fixup: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: str, store: Any) -> int:
+    from .estimate import calibrate, estimate_seconds
+    from .registry import get_study
+    from .report import claim_rows
+    from .reproduce import plan_all, reproduce
+    from .runner import format_seconds
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
     side = grid.image_size or (8 if grid.data == "digits" else 32)
     spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
                     threads=max(1, (os.cpu_count() or 1) // args.jobs))
-    todo = [t for t in tasks if not Store(out).is_done(t.cell)]
+    todo = [t for t in tasks if not store.is_done(t.cell)]
     est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
           f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
@@ -108,12 +134,18 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     if args.mode == "full" and not args.yes and sys.stdin.isatty():
         input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
     display = _Display()
-    signal.signal(signal.SIGTERM, _interrupt)  # stop workers and leave resumable cells, as Ctrl-C does
-    try:
+    try:  # SIGINT and SIGTERM raise Interrupted (fixup._signals): workers are stopped, finished cells stay
         result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
+    except Interrupted as err:
+        display.close()
+        done = len(list(Path(out).glob("cells/*/*/*/seed*/cell_result.json")))
+        err.kept = (f"{done} finished cell(s) kept in {out}; unfinished cells resume from their checkpoints")
+        raise
     finally:
         display.close()
+    for problem in dict.fromkeys(store.problems + result.problems):
+        print(f"fixup: {problem}", file=sys.stderr)
     print(f"{result.cells_run} cells run, {result.cells_resumed} resumed, in {format_seconds(result.seconds)}")
     print(f"report: {result.report}\nresults: {result.results}")
     for row in claim_rows(result.outputs, grid.skipped):
@@ -128,6 +160,34 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     return 0
 
 
+def _dry_run(grid: Any, store: Any, studies: list[str]) -> int:
+    from .fullplan import dry_run
+    from .registry import get_study
+    from .reproduce import plan_all
+
+    tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
+    plan = dry_run(tasks, waiting, grid)
+    for c in plan["cells"]:
+        print(f"  {c['cell']:60s} {c['gpu_hours']:9.3f} GPU h   {c['data']}")
+    if waiting:
+        print(f"  + {waiting} cells planned once the cells they depend on finish (counted at the mean)")
+    print(f"{len(plan['cells']) + waiting} cells, about {plan['gpu_hours']:.1f} GPU hours; throughput model: "
+          f"{plan['throughput_model']}")
+    return 0
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """What a study's cells would each fail on, refused once, before any cell starts."""
+    from .._devices import resolve_device
+
+    resolve_device(args.device)
+    if args.data_dir is not None and not Path(args.data_dir).exists():
+        raise FileNotFoundError(f"--data-dir {args.data_dir} does not exist; give the folder or archive of the "
+                                f"{args.data} data set")
+    if args.image_size is not None and args.image_size < 0:
+        raise ValueError(f"--image-size must be >= 0 pixels (0 = as stored), got {args.image_size}")
+
+
 def _auto_jobs(device: str) -> int:
     """One worker per CPU core (at most 8) on CPU; one on a GPU, whose cells would otherwise contend for it."""
     import torch
@@ -135,10 +195,6 @@ def _auto_jobs(device: str) -> int:
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _reproduce(args: argparse.Namespace) -> int:

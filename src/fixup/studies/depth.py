@@ -10,26 +10,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..groups import SCALAR_LR_MULT
 from . import paper
 from ._common import chance_level, image_cost, image_train, train_cell
 from .base import Plan, Study
 from .cells import Cell, Task
-from .claims import NOT_RUN, ClaimRow, verdict
+from .claims import ClaimRow, Protocol, judge, not_run
+from .evidence import Cells, cells_from_results, ci_halfwidth, outcome_of
 from .grid import Grid
-from .stats import group_records, stat
+from .rows import image_protocol
+from .stats import group_records
 from .store import Store
 
 __all__ = ["STUDY"]
 
-LABELS = {"fixup": "Fixup", "batchnorm": "BatchNorm", "lsuv": "LSUV", "sqrt2": "1/sqrt(2)",
-          "he": "He, no normalisation", "fixup_no_depth_scale": "Fixup without rule 2",
-          "fixup_scalar_lr0.1": "Fixup, scalars at lr/10", "fixup_scalars_fixed": "Fixup, scalars held fixed"}
-# Variants of a method that differ only in training options: the authors' released CIFAR script
-# (github.com/hongyi-zhang/Fixup, cifar/cifar_train.py) trains the scalar biases and multipliers at
-# base_lr/10, where the paper's text reduces them only under strong regularisation.
-# Holding the scalars fixed for the epoch isolates rules 1-2 (the analysis of section 3 has no biases): trained,
-# the branch-output biases on the residual stream get the same gradient in every block and add up like L.
-VARIANTS = {"fixup_scalar_lr0.1": ("fixup", {"scalar_lr_mult": 0.1}),
+LABELS = {"fixup": "Fixup (stream biases budgeted: our default)", "fixup_paper": "Fixup, the authors' parameterisation",
+          "fixup_batch_scaled": "Fixup, lr scaled with the batch (the authors' script)",
+          "fixup_no_stream_bias": "Fixup, no stream bias (rule 3 literally)", "batchnorm": "BatchNorm", "lsuv": "LSUV",
+          "sqrt2": "1/sqrt(2)", "he": "He, no normalisation", "fixup_no_depth_scale": "Fixup without rule 2",
+          "fixup_scalars_fixed": "Fixup, scalars held fixed"}
+# Variants of a method that differ only in training options. Every Fixup form trains its scalars at lr/10,
+# as the authors' released CIFAR script (github.com/hongyi-zhang/Fixup, cifar/cifar_train.py) does; the
+# same script scales the weights' rate with the batch (0.1 x batch / 128): `fixup_batch_scaled` runs that.
+# Holding the scalars fixed for the epoch isolates rules 1-2 (the analysis of section 3 has no biases).
+VARIANTS = {"fixup_batch_scaled": ("fixup", {"lr_reference_batch": 128}),
             "fixup_scalars_fixed": ("fixup", {"scalar_lr_mult": 0.0})}
 # "Learning" in one epoch: test accuracy at least this far above chance (absolute).
 LEARNING_MARGIN = 0.2
@@ -45,9 +49,10 @@ def plan(grid: Grid, store: Store) -> Plan:
         for method in g.methods:
             base, options = VARIANTS.get(method, (method, {}))
             for seed in range(grid.seeds):
+                # checkpoint=True: the cell trains in segments, each ending in a checkpoint (see train_cell)
                 train = image_train(grid, base, seed, model=g.model, depth=depth, width=g.width, lr=g.lr,
                                     weight_decay=g.weight_decay, batch_size=batch, epochs=g.epochs,
-                                    schedule="constant", checkpoint=False, **options)
+                                    schedule="constant", checkpoint=True, **options)
                 cell = Cell("depth", method, {"depth": depth}, seed, config={"train": train},
                             cost=image_cost(grid, depth, g.epochs))
                 tasks.append(Task(cell, train_cell))
@@ -59,94 +64,112 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     for (method, depth), recs in group_records(records, "method", "depth").items():
         results = [r["result"] for r in recs]
         methods.setdefault(method, {})[str(depth)] = {
-            "test_acc": stat(r["test_acc"] for r in results).to_dict(),
-            "diverged": sum(bool(r["diverged"]) for r in results),
-            "n": len(results),
-            "runs": [None if r["diverged"] else r["test_acc"] for r in results],
+            "test_acc": cells_from_results(results, grid.seeds, lambda r: r.get("test_acc")).to_dict(),
+            "runs": [{"seed": r["seed"], "outcome": outcome_of(r["result"]), "test_acc": r["result"].get("test_acc")}
+                     for r in recs],
         }
     depths = sorted({int(d) for m in methods.values() for d in m})
-    return {"chance": chance_level(grid), "depths": depths, "methods": methods,
-            "scale": _scale(grid, depths)}
+    return {"chance": chance_level(grid), "depths": depths, "methods": methods, "planned_seeds": grid.seeds,
+            "scale": _protocol(grid, "fixup").describe()}
 
 
-def _scale(grid: Grid, depths: list[int]) -> str:
+def _protocol(grid: Grid, method: str) -> Protocol:
     g = grid.depth
-    span = f"{min(depths)}-{max(depths)}" if depths else "none"
-    return (f"{grid.describe_data()}, {g.model} width {g.width}, depths {span}, {g.epochs} epoch(s), "
-            f"lr {g.lr}, batch {g.batch_size}, {grid.seeds} seeds")
+    deepest = max(g.depths)
+    deepest_paper = max(paper.DEPTH_PROTOCOL["depths"])
+    _, options = VARIANTS.get(method, (method, {}))
+    return image_protocol(grid, model=f"Wide-ResNet width {g.width}, depths {min(g.depths)}-{deepest:,}",
+                          paper_model=f"Wide-ResNet width 1, depths 10-{deepest_paper:,}", batch=g.batch_size,
+                          epochs=g.epochs, lr=g.lr, scalar_lr_mult=options.get("scalar_lr_mult", SCALAR_LR_MULT))
 
 
-def _at(summary: dict[str, Any], method: str, depth: int) -> dict[str, Any] | None:
-    return summary["methods"].get(method, {}).get(str(depth))
+def _at(summary: dict[str, Any], method: str, depth: int) -> Cells | None:
+    entry = summary["methods"].get(method, {}).get(str(depth))
+    return None if entry is None else Cells.from_dict(entry["test_acc"])
 
 
-def _acc(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "not run"
-    from .stats import Stat
-
-    s = Stat(**entry["test_acc"])
-    div = f", {entry['diverged']}/{entry['n']} diverged" if entry["diverged"] else ""
-    return s.format(1, 100, "%") + div
+def _acc(c: Cells | None) -> str:
+    return "not run" if c is None else c.format(1, 100, "%")
 
 
-def _fails(entry: dict[str, Any] | None, chance: float) -> bool:
-    """Did not learn: every seed diverged, or mean accuracy within LEARNING_MARGIN of chance."""
-    if entry is None:
+def _learns(c: Cells | None, chance: float) -> bool:
+    """Learned in the epoch: no failed seed, and mean accuracy at least LEARNING_MARGIN above chance."""
+    if c is None or c.n_failed:
         return False
-    mean = entry["test_acc"]["mean"]
-    return entry["diverged"] == entry["n"] or mean is None or mean < chance + LEARNING_MARGIN
+    mean = c.stat.mean
+    return mean is not None and mean >= chance + LEARNING_MARGIN
+
+
+def _planned(grid: Grid) -> Cells:
+    return Cells(grid.seeds)  # a figure the grid has but no cell finished: rule 1 says "not run"
 
 
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
-    depths, chance, scale = summary["depths"], summary["chance"], summary["scale"]
+    depths, chance = summary["depths"], summary["chance"]
+    proto = _protocol(grid, "fixup")
     if not depths:
-        return [ClaimRow(c, "", scale, NOT_RUN, "no depth-study cell has finished")
+        return [not_run(c, "no depth-study cell has finished", proto.describe())
                 for c in ("depth_fixup_trains_deep", "depth_baselines_fail", "no_norm_needs_small_rate")]
     deepest = max(depths)
     paper_scale = grid.data == "cifar10" and deepest >= 10_000
+    steps_text = f"{proto.steps} steps"
     rows = []
     fx, bn = _at(summary, "fixup", deepest), _at(summary, "batchnorm", deepest)
-    if fx is None or bn is None:
-        rows.append(ClaimRow("depth_fixup_trains_deep", "", scale, NOT_RUN, "Fixup or BatchNorm was not in the grid"))
+    if "fixup" not in grid.depth.methods or "batchnorm" not in grid.depth.methods:
+        rows.append(not_run("depth_fixup_trains_deep", "Fixup or BatchNorm was not in the grid", proto.describe()))
     else:
-        fx_mean, bn_mean = fx["test_acc"]["mean"], bn["test_acc"]["mean"]
-        learns = not _fails(fx, chance) and fx["diverged"] == 0
-        tracks = fx_mean is not None and bn_mean is not None and fx_mean >= bn_mean - TRACKING_MARGIN
-        variants = {"fixup_scalar_lr0.1": " (the authors' code)", "fixup_scalars_fixed": ""}
-        extra = "".join(f"; {LABELS[v]}{note} {_acc(entry)}" for v, note in variants.items()
-                        if (entry := _at(summary, v, deepest)) is not None)
-        rows.append(ClaimRow(
-            "depth_fixup_trains_deep", f"at {deepest} layers: Fixup {_acc(fx)} vs BatchNorm {_acc(bn)}{extra} "
-            f"(chance {chance:.0%})", scale, verdict(learns and tracks, paper_scale),
-            f"holds if Fixup never diverges, is >= {LEARNING_MARGIN:.0%} above chance and within "
-            f"{TRACKING_MARGIN:.0%} of BatchNorm at the deepest depth; learns={learns}, tracks={tracks}"))
+        fx, bn = fx or _planned(grid), bn or _planned(grid)
+        tracks = (fx.stat.mean is not None and bn.stat.mean is not None
+                  and fx.stat.mean >= bn.stat.mean - TRACKING_MARGIN)
+        bn_mean = bn.stat.mean
+        j = judge({"Fixup": fx, "BatchNorm": bn}, holds=_learns(fx, chance) and tracks, paper_scale=paper_scale,
+                  effect=None if bn_mean is None else bn_mean - chance, ci=ci_halfwidth(fx, bn),
+                  must_succeed=("Fixup",),
+                  limit="" if _learns(bn, chance) else f"BatchNorm itself does not learn at {deepest} layers in "
+                                                        f"{steps_text}, so nothing here can be tracked")
+        variants = {"fixup_paper": "", "fixup_batch_scaled": "", "fixup_no_stream_bias": "", "fixup_scalars_fixed": ""}
+        extra = "".join(f"; {LABELS[v]}{note} {_acc(c)}" for v, note in variants.items()
+                        if (c := _at(summary, v, deepest)) is not None)
+        rows.append(ClaimRow.judged(
+            "depth_fixup_trains_deep", f"at {deepest} layers: Fixup (scalars trained) {_acc(fx)} vs BatchNorm "
+            f"{_acc(bn)}{extra} (chance {chance:.0%})", proto, j,
+            f"holds if Fixup never fails, is >= {LEARNING_MARGIN:.0%} above chance and within {TRACKING_MARGIN:.0%} "
+            "of BatchNorm at the deepest depth; the paper's effect is BatchNorm's height above chance"))
     beyond = [d for d in depths if d > 100]
-    base = [m for m in ("lsuv", "sqrt2") if m in summary["methods"]]
+    base = [m for m in ("lsuv", "sqrt2") if m in grid.depth.methods]
     if not beyond or not base:
-        rows.append(ClaimRow("depth_baselines_fail", "", scale, NOT_RUN,
-                             "the grid has no depth beyond 100 layers or no LSUV/1/sqrt(2) run"))
+        rows.append(not_run("depth_baselines_fail", "the grid has no depth beyond 100 layers or no LSUV/1/sqrt(2) run",
+                            proto.describe()))
     else:
-        fail = all(_fails(_at(summary, m, d), chance) for m in base for d in beyond)
-        ours = "; ".join(f"{LABELS[m]} at {d}: {_acc(_at(summary, m, d))}" for m in base for d in beyond)
-        learners = [LABELS[m] for m in ("fixup", "batchnorm") for d in beyond
-                    if m in summary["methods"] and not _fails(_at(summary, m, d), chance)]
-        caveat = ("; at those depths " + ", ".join(sorted(set(learners))) + " learn" if learners else
-                  "; but Fixup and BatchNorm do not learn there either at this budget, so the comparison does not "
-                  "single these two out")
-        rows.append(ClaimRow("depth_baselines_fail", ours, scale, verdict(fail, paper_scale),
-                             f"holds if each diverges or stays below chance + {LEARNING_MARGIN:.0%} at every "
-                             f"depth beyond 100{caveat}"))
-    if "he" not in summary["methods"]:
-        rows.append(ClaimRow("no_norm_needs_small_rate", "", scale, NOT_RUN, "He without normalisation not in grid"))
+        groups = {f"{LABELS[m]} at {d}": _at(summary, m, d) or _planned(grid)
+                  for m in (*base, "fixup", "batchnorm") for d in beyond}
+        fail = all(not _learns(groups[f"{LABELS[m]} at {d}"], chance) for m in base for d in beyond)
+        ref_learn = all(_learns(groups[f"{LABELS[m]} at {d}"], chance) for m in ("fixup", "batchnorm") for d in beyond)
+        contrary = any(_learns(groups[f"{LABELS[m]} at {d}"], chance) for m in base for d in beyond)
+        j = judge(groups, holds=fail and ref_learn, paper_scale=paper_scale, contrary=contrary and ref_learn,
+                  limit="" if ref_learn else "Fixup or BatchNorm does not learn beyond 100 layers either at this "
+                                             "budget, so the comparison cannot single out LSUV and 1/sqrt(2)")
+        ours = "; ".join(f"{label}: {_acc(c)}" for label, c in groups.items())
+        rows.append(ClaimRow.judged("depth_baselines_fail", ours, proto, j,
+                                    f"holds if LSUV and 1/sqrt(2) fail or stay below chance + {LEARNING_MARGIN:.0%} at "
+                                    "every depth beyond 100 while Fixup and BatchNorm learn there"))
+    if "he" not in grid.depth.methods:
+        rows.append(not_run("no_norm_needs_small_rate", "He without normalisation not in grid", proto.describe()))
     else:
         he_deep = [d for d in depths if d >= 100] or depths
-        fail = all(_fails(_at(summary, "he", d), chance) for d in he_deep)
-        ours = "; ".join(f"He, no norm, lr {grid.depth.lr} at {d}: {_acc(_at(summary, 'he', d))}" for d in he_deep)
-        rows.append(ClaimRow("no_norm_needs_small_rate", ours, scale,
-                             verdict(fail, grid.data == "cifar10"),
-                             "holds if He without normalisation diverges or does not learn at rate "
-                             f"{grid.depth.lr} at every depth >= 100 (every depth, if the grid stops below)"))
+        groups = {f"{name} at {d}": _at(summary, m, d) or _planned(grid)
+                  for m, name in (("he", "He, no norm"), ("batchnorm", "BatchNorm")) for d in he_deep}
+        fail = all(not _learns(groups[f"He, no norm at {d}"], chance) for d in he_deep)
+        bn_learns = [d for d in he_deep if _learns(groups[f"BatchNorm at {d}"], chance)]
+        contrary = all(_learns(groups[f"He, no norm at {d}"], chance) for d in he_deep)
+        j = judge(groups, holds=fail and bool(bn_learns), paper_scale=grid.data == "cifar10", contrary=contrary,
+                  limit="" if bn_learns else "BatchNorm does not learn at these depths either at this budget")
+        ours = "; ".join(f"{label}, lr {grid.depth.lr}: {_acc(c)}" for label, c in groups.items())
+        rows.append(ClaimRow.judged("no_norm_needs_small_rate", ours, proto, j,
+                                    "holds if He without normalisation fails or does not learn at rate "
+                                    f"{grid.depth.lr} "
+                                    "at every depth >= 100 (every depth, if the grid stops below) where BatchNorm "
+                                    "learns at that rate"))
     return rows
 
 
@@ -158,9 +181,9 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
              f"{', '.join(map(str, paper.DEPTH_PROTOCOL['depths']))} ({paper.DEPTH_PROTOCOL['source']}).", "",
              "| method | " + " | ".join(f"depth {d}" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
-    for method, cells in summary["methods"].items():
+    for method in summary["methods"]:
         lines.append(f"| {LABELS.get(method, method)} | "
-                     + " | ".join(_acc(cells.get(str(d))) for d in depths) + " |")
+                     + " | ".join(_acc(_at(summary, method, d)) for d in depths) + " |")
     return "\n".join(lines)
 
 

@@ -1,106 +1,177 @@
-"""The studies' figures (PNG). matplotlib is imported inside each function, never at import time."""
+"""The studies' figures (PNG), each with the data it was drawn from beside it (``NAME.data.json``).
+
+matplotlib is imported inside each function, never at import time. Every figure shows what happened:
+mean with error bars (± std over seeds), n in the legend or on the bar, and failed cells (diverged,
+collapsed, ...) marked as such, never drawn as ordinary values. The data file holds exactly what was
+drawn, so a reader (or a test) can check a figure against the report.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._plotting import pyplot
+from .evidence import Cells
 
 __all__ = ["plot_bars", "plot_curves", "plot_depth", "plot_loglog"]
 
+_MARKERS = {"diverged": "x", "collapsed": "v"}
 
-def _save(fig: Any, path: Path) -> Path:
+
+def _save(fig: Any, path: Path, data: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+    path.with_name(path.stem + ".data.json").write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
+def _point(c: Cells, scale: float) -> dict[str, Any]:
+    s = c.stat
+    return {"mean": None if s.mean is None else s.mean * scale, "std": None if s.std is None else s.std * scale,
+            "n": len(c.values), "planned": c.planned, "failed": dict(c.failed)}
+
+
+def _n_label(points: Sequence[dict[str, Any]]) -> str:
+    ns = sorted({(p["n"], p["planned"]) for p in points})
+    return ", ".join(f"n={n}" if n == planned else f"n={n} of {planned}" for n, planned in ns)
+
+
 def plot_depth(summary: Mapping[str, Any], labels: Mapping[str, str], path: Path) -> Path:
-    """Accuracy against depth (log axis), mean ± std per method; diverged runs as crosses at chance."""
+    """Accuracy against depth (log axis), mean ± std per method; failed cells as markers at chance, with k/n."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    chance = summary["chance"]
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    chance = 100 * summary["chance"]
+    drawn: dict[str, Any] = {"chance": chance, "series": {}}
     for i, (method, cells) in enumerate(summary["methods"].items()):
-        color = f"C{i}"
-        depths = sorted(int(d) for d in cells)
-        pts = [(d, cells[str(d)]["test_acc"]) for d in depths if cells[str(d)]["test_acc"]["mean"] is not None]
-        if pts:
-            ax.errorbar([d for d, _ in pts], [100 * s["mean"] for _, s in pts],
-                        yerr=[100 * (s["std"] or 0) for _, s in pts], color=color, marker="o", capsize=3,
-                        label=labels.get(method, method))
-        div = [d for d in depths for _ in range(cells[str(d)]["diverged"])]
-        if div:
-            ax.scatter(div, [100 * chance] * len(div), marker="x", s=70, color=color,
-                       label=None if pts else labels.get(method, method))
-    ax.axhline(100 * chance, color="grey", lw=0.8, ls=":")
+        color = f"C{i % 10}"
+        pts = [{"depth": int(d), **_point(Cells.from_dict(e["test_acc"]), 100)} for d, e in cells.items()]
+        pts.sort(key=lambda p: p["depth"])
+        good = [p for p in pts if p["mean"] is not None]
+        label = f"{labels.get(method, method)} ({_n_label(pts)})"
+        if good:
+            ax.errorbar([p["depth"] for p in good], [p["mean"] for p in good], yerr=[p["std"] or 0 for p in good],
+                        color=color, marker="o", capsize=3, label=label)
+        shown = bool(good)
+        for p in pts:
+            for outcome, k in p["failed"].items():
+                ax.scatter([p["depth"]], [chance], marker=_MARKERS.get(outcome, "s"), s=70, color=color,
+                           label=None if shown else label)
+                shown = True
+                ax.annotate(f"{k}/{p['planned']} {outcome}", (p["depth"], chance), fontsize=6, color=color,
+                            xytext=(4, 4 + 8 * i), textcoords="offset points")
+        drawn["series"][method] = pts
+    ax.axhline(chance, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("depth (layers)")
     ax.set_ylabel("test accuracy after the first epoch (%)")
-    ax.set_title("x: diverged run (drawn at chance)", fontsize=9)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    ax.set_title("mean ± std over seeds; x diverged, v collapsed (k/n, drawn at chance)", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
 
 
-def plot_curves(curves: Mapping[str, Sequence[float | None]], ylabel: str, path: Path, *,
-                labels: Mapping[str, str] | None = None, log: bool = False) -> Path:
-    """One line per method against epoch (None: not available, e.g. after divergence)."""
+def plot_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], ylabel: str, path: Path, *,
+                labels: Mapping[str, str] | None = None, log: bool = False, scale: float = 1.0) -> Path:
+    """Mean ± std per epoch for each method (``curves[method][epoch]`` is a :class:`Cells` dict).
+
+    A method with failed cells has them named in its legend entry (k of n); the line is over the rest.
+    """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for method, ys in curves.items():
-        xs = [i + 1 for i, y in enumerate(ys) if y is not None]
-        ax.plot(xs, [y for y in ys if y is not None], marker="o", ms=3, label=(labels or {}).get(method, method))
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    drawn: dict[str, Any] = {"ylabel": ylabel, "series": {}}
+    for method, per_epoch in curves.items():
+        pts = [{"epoch": e + 1, **_point(Cells.from_dict(c), scale)} for e, c in enumerate(per_epoch)]
+        good = [p for p in pts if p["mean"] is not None]
+        failed: dict[str, int] = {}
+        for p in pts[-1:]:
+            failed = p["failed"]
+        note = "".join(f", {k}/{pts[-1]['planned']} {o}" for o, k in failed.items()) if pts else ""
+        label = f"{(labels or {}).get(method, method)} ({_n_label(pts)}{note})" if pts else method
+        if good:
+            ax.errorbar([p["epoch"] for p in good], [p["mean"] for p in good], yerr=[p["std"] or 0 for p in good],
+                        marker="o", ms=3, capsize=2, label=label)
+        else:
+            ax.plot([], [], marker="x", ls="none", label=label + ": no completed cell")
+        drawn["series"][method] = pts
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("epoch")
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    ax.set_ylabel(ylabel + " (mean ± std over seeds)")
+    ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
 
 
-def plot_loglog(series: Mapping[str, Sequence[tuple[float, float | None]]], xlabel: str, ylabel: str, path: Path,
-                *, title: str = "") -> Path:
-    """Log-log lines of (x, y) points; points with y None or <= 0 are left out."""
+def plot_loglog(series: Mapping[str, Sequence[tuple[float, Mapping[str, Any]]]], xlabel: str, ylabel: str,
+                path: Path, *, title: str = "") -> Path:
+    """Log-log lines of (x, stat dict) points with ± std bars; points without a positive mean are left out
+    of the line and listed in the data file (and the legend says how many)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drawn: dict[str, Any] = {"series": {}}
     for name, pts in series.items():
-        good = [(x, y) for x, y in pts if y is not None and y > 0]
+        rows = [{"x": x, "mean": s.get("mean"), "std": s.get("std"), "n": s.get("n"), "n_total": s.get("n_total")}
+                for x, s in pts]
+        good = [r for r in rows if r["mean"] is not None and r["mean"] > 0]
+        missing = len(rows) - len(good)
+        ns = sorted({r["n"] for r in good})
+        note = f"; {missing} point(s) not finite or 0" if missing else ""
+        label = f"{name} (n={','.join(map(str, ns))}{note})"
         if good:
-            ax.plot([x for x, _ in good], [y for _, y in good], marker="o", ms=3, label=name)
+            ax.errorbar([r["x"] for r in good], [r["mean"] for r in good], yerr=[r["std"] or 0 for r in good],
+                        marker="o", ms=3, capsize=2, label=label)
+        drawn["series"][name] = rows
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
 
 
-def plot_bars(groups: Mapping[str, Mapping[str, tuple[float | None, float | None]]], ylabel: str,
-              path: Path) -> Path:
-    """Grouped bars with error bars: ``groups[group][bar] = (mean, std)``."""
+def plot_bars(groups: Mapping[str, Mapping[str, Mapping[str, Any]]], ylabel: str, path: Path, *,
+              scale: float = 1.0) -> Path:
+    """Grouped bars, mean ± std (``groups[group][bar]`` is a :class:`Cells` dict), each labelled with its n;
+    a bar with failed cells is hatched and says so (k/n diverged); one with no completed cell is an empty
+    outlined slot that says what happened."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
     names = list(groups)
-    bars = sorted({b for g in groups.values() for b in g}, key=lambda b: list(next(iter(groups.values()))).index(b)
-                  if b in next(iter(groups.values())) else 99)
+    bars: list[str] = []
+    for g in groups.values():
+        bars += [b for b in g if b not in bars]
     width = 0.8 / max(1, len(bars))
+    drawn: dict[str, Any] = {"ylabel": ylabel, "bars": []}
+    top = max([p["mean"] + (p["std"] or 0) for g in groups.values() for c in g.values()
+               if (p := _point(Cells.from_dict(c), scale))["mean"] is not None] or [1.0])
     for j, bar in enumerate(bars):
-        xs, ys, es = [], [], []
         for i, g in enumerate(names):
-            mean, std = groups[g].get(bar, (None, None))
-            if mean is not None:
-                xs.append(i + (j - (len(bars) - 1) / 2) * width)
-                ys.append(mean)
-                es.append(std or 0.0)
-        ax.bar(xs, ys, width, yerr=es, capsize=3, label=bar)
+            if bar not in groups[g]:
+                continue
+            p = _point(Cells.from_dict(groups[g][bar]), scale)
+            x = i + (j - (len(bars) - 1) / 2) * width
+            failed = ", ".join(f"{k}/{p['planned']} {o}" for o, k in p["failed"].items())
+            text = f"n={p['n']}" + ("" if p["n"] == p["planned"] else f"/{p['planned']}") + (f"\n{failed}" if failed
+                                                                                           else "")
+            if p["mean"] is None:
+                ax.bar([x], [top * 0.05], width, color="none", edgecolor=f"C{j}", ls="--",
+                       label=bar if i == 0 else None)
+                y = top * 0.05
+            else:
+                ax.bar([x], [p["mean"]], width, yerr=[p["std"] or 0], capsize=3, color=f"C{j}",
+                       hatch="//" if failed else None, label=bar if i == 0 else None)
+                y = p["mean"] + (p["std"] or 0)
+            ax.annotate(text, (x, y), ha="center", va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+            drawn["bars"].append({"group": g, "bar": bar, "x": x, **p})
     ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    ax.set_ylabel(ylabel + " (mean ± std over seeds)")
+    ax.set_title("hatched: some cells failed (k/n named); dashed: none completed", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path, drawn)

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._io import write_json, write_text
 from . import paper
 from .base import StudyOutput
 from .claims import NOT_RUN, ClaimRow
 from .grid import Grid
 from .runner import format_seconds
-from .store import write_json_atomic
 
 __all__ = ["claim_rows", "environment", "write_report"]
 
@@ -83,11 +83,9 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
             md += ["", f"![{fig.stem}]({fig.relative_to(out).as_posix()})"]
     md.append("")
     report = out / "report.md"
-    tmp = report.with_name(".report.md.tmp")
-    tmp.write_text("\n".join(md))
-    tmp.replace(report)
+    write_text(report, "\n".join(md))
     results = out / "results.json"
-    write_json_atomic(results, {
+    write_json(results, {
         "mode": grid.mode, "grid": grid.to_dict(), "command": command, "timing": dict(timing),
         "environment": env, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "claims": [{**r.to_dict(), "statement": paper.claim(r.claim).statement,

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._io import write_json
 from .base import Study, StudyOutput
 from .cells import Task
 from .grid import Grid
 from .registry import STUDIES, get_study
 from .report import write_report
 from .runner import Progress, ProgressFn, run_tasks
-from .store import Store, write_json_atomic
+from .store import Store
 
 __all__ = ["ReproduceResult", "plan_all", "reproduce"]
 
@@ -32,6 +33,7 @@ class ReproduceResult:
     seconds: float
     cells_run: int
     cells_resumed: int
+    problems: list[str] = field(default_factory=list)  # bad cell files found, moved aside and redone
 
 
 def plan_all(grid: Grid, store: Store, studies: Sequence[Study]) -> tuple[list[Task], int]:
@@ -48,11 +50,23 @@ def plan_all(grid: Grid, store: Store, studies: Sequence[Study]) -> tuple[list[T
 def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = None, jobs: int = 1,
               progress: ProgressFn | None = None, plots: bool = True, seconds_per_cost: float | None = None,
               command: str = "") -> ReproduceResult:
-    """Run ``studies`` (default: every study the grid's mode includes) on ``grid`` into ``out``."""
-    out = Path(out)
-    chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
+    """Run ``studies`` (default: every study the grid's mode includes) on ``grid`` into ``out``.
+
+    The run holds ``out``'s lock throughout (:meth:`fixup.studies.store.Store.lock`): a second run on the
+    same folder raises :class:`fixup.studies.store.StoreLockedError`, naming the holder.
+    """
     store = Store(out)
-    write_json_atomic(out / "grid.json", grid.to_dict())
+    with store.lock(command):
+        return _reproduce(grid, Path(out), store, studies=studies, jobs=jobs, progress=progress, plots=plots,
+                          seconds_per_cost=seconds_per_cost, command=command)
+
+
+def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | None, jobs: int,
+               progress: ProgressFn | None, plots: bool, seconds_per_cost: float | None,
+               command: str) -> ReproduceResult:
+    chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
+    problems: list[str] = []
+    write_json(out / "grid.json", grid.to_dict())
     start = time.perf_counter()
     done_before = run = resumed = 0
     failed: dict[str, str] = {}
@@ -76,6 +90,7 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
         run += len(summary.ran)
         resumed += len(summary.resumed)
         failed.update(summary.failed)
+        problems += summary.problems
         done_before += len(new) - len(summary.failed)
         if summary.failed:
             break  # cells waiting on a failed cell cannot be planned; report what finished
@@ -85,4 +100,5 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
     timing = {"seconds": seconds, "cells_run": run, "cells_resumed": resumed, "cells_failed": len(failed)}
     report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
                                    command=command, skipped=grid.skipped)
-    return ReproduceResult(report, results, outputs, failed, seconds, run, resumed)
+    problems += store.problems  # files found bad while summarising
+    return ReproduceResult(report, results, outputs, failed, seconds, run, resumed, problems)

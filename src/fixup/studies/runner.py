@@ -8,6 +8,7 @@ that the command line can draw it; library code never prints.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -67,10 +68,11 @@ class RunSummary:
     failed: dict[str, str]  # key -> error text
     seconds: float
     seconds_per_cost: float | None  # measured on the cells run here (None if none ran)
+    problems: list[str] = field(default_factory=list)  # bad cell files found, moved aside and redone
 
 
-def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]:
-    """Run one cell and store its result; returns (key, seconds, error or None). Runs in a worker."""
+def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None, list[str]]:
+    """Run one cell and store its result; returns (key, seconds, error or None, problems). Runs in a worker."""
     store = Store(root)
     start = time.perf_counter()
     try:
@@ -79,14 +81,56 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None]
     except Exception:  # a bug in a cell is recorded and the other cells go on
         error = traceback.format_exc()
         store.fail(cell, error)
-        return cell.key, time.perf_counter() - start, error
+        return cell.key, time.perf_counter() - start, error, store.problems
     seconds = time.perf_counter() - start
     store.finish(cell, result, seconds)
-    return cell.key, seconds, None
+    return cell.key, seconds, None, store.problems
 
 
-def _init_worker(threads: int) -> None:
-    """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported)."""
+# A worker whose parent has died stops: at once on Linux (the kernel sends SIGTERM, which the engine turns
+# into a checkpoint at the end of the current step), and within WATCH_SECONDS elsewhere; one that has not
+# exited GRACE_SECONDS after its parent died exits there and then.
+WATCH_SECONDS = 0.5
+GRACE_SECONDS = 30.0
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` does, including when the parent is SIGKILLed."""
+    import threading
+
+    on_linux = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            on_linux = libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            on_linux = False
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_SECONDS)
+        if not on_linux:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fixup-parent-watch", daemon=True).start()
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    """Give each worker its share of the cores (torch reads OMP_NUM_THREADS when first imported), and make it
+    end with its parent.
+
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone decides; it
+    stops the workers with SIGTERM, on which the engine writes a checkpoint (fixup._signals).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
@@ -124,6 +168,12 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"a plan lists the same cell twice: {', '.join(dupes[:5])}")
     store = Store(root)
+    with store.lock():
+        return _run_locked(tasks, store, jobs, progress, seconds_per_cost)
+
+
+def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: ProgressFn | None,
+                seconds_per_cost: float | None) -> RunSummary:
     start = time.perf_counter()
     todo = [t for t in tasks if not store.is_done(t.cell)]
     resumed = [t.cell.key for t in tasks if t not in todo]
@@ -139,8 +189,16 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
         if progress is not None:
             progress(state, message)
 
-    def finished(task: Task, key: str, seconds: float, error: str | None) -> None:
+    problems = list(store.problems)
+    for problem in problems:
+        if progress is not None:
+            progress(state, f"PROBLEM {problem}")
+
+    def finished(task: Task, key: str, seconds: float, error: str | None, found: list[str]) -> None:
         nonlocal remaining
+        for problem in found:
+            problems.append(problem)
+            report(f"PROBLEM {problem}")
         state.running.remove(key)
         remaining -= task.cell.cost
         if error is None:
@@ -163,7 +221,7 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                                 initializer=_init_worker, initargs=(threads,)) as pool:
+                                 initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
             queue = list(todo)
             pending: dict[Future[Any], Task] = {}
             try:
@@ -185,4 +243,4 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
     report("end")
     rate = clock.seconds / clock.cost if clock.cost > 0 else None
     return RunSummary(ran=ran, resumed=resumed, failed=failed, seconds=time.perf_counter() - start,
-                      seconds_per_cost=rate)
+                      seconds_per_cost=rate, problems=problems)

@@ -19,8 +19,10 @@ from typing import Any
 
 from .base import Plan, Study
 from .cells import Cell, Task
-from .claims import NOT_RUN, ClaimRow, clearly_below, verdict
+from .claims import ClaimRow, Protocol, clearly_above, clearly_below, judge, not_run
+from .evidence import Cells, cells_from_results
 from .grid import Grid
+from .rows import scalars_text
 from .stats import Stat, group_records, stat
 from .store import Store
 
@@ -83,7 +85,8 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
         if part == "scalar":
             scalar[method] = entry
         else:
-            measured[method] = {"points": entry, "slope": stat(_finite(r["result"]["slope"]) for r in recs).to_dict(),
+            slopes = cells_from_results([r["result"] for r in recs], grid.seeds, lambda r: _finite(r["slope"]))
+            measured[method] = {"points": entry, "slope": slopes.stat.to_dict(), "slopes": slopes.to_dict(),
                                 "L": {str(p["depth"]): p["L"] for p in recs[0]["result"]["points"]}}
     g = grid.theory
     scale = (f"scalar network m=2, L {min(g.scalar_depths):,}-{max(g.scalar_depths):,}; CIFAR ResNet depths "
@@ -100,24 +103,42 @@ def _ratio(entry: dict[str, Any]) -> float:
     return math.inf if low <= 0 else max(means) / low
 
 
+def _protocol(grid: Grid) -> Protocol:
+    g = grid.theory
+    return Protocol(model=f"scalar network m=2 (L up to {max(g.scalar_depths):,}); CIFAR ResNets, depths "
+                          f"{min(g.measured_depths)}-{max(g.measured_depths)}",
+                    paper_model=f"scalar network m=2 (L up to {max(g.scalar_depths):,}); CIFAR ResNets, depths "
+                                f"{min(g.measured_depths)}-{max(g.measured_depths)}",
+                    data="a fixed random batch", steps=g.measured_step, n=grid.seeds,
+                    scalars=scalars_text(g.measured_scalar_lr) + " while Δf is measured (the analysis has none)")
+
+
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
-    sc, me, scale = summary["scalar"], summary["measured"], summary["scale"]
+    sc, me = summary["scalar"], summary["measured"]
+    proto = _protocol(grid)
     if "fixup" not in sc or "unscaled" not in sc:
-        return [ClaimRow("theory_fixed_update", "", scale, NOT_RUN, "Fixup or the unscaled scheme was not run")]
+        return [not_run("theory_fixed_update", "Fixup or the unscaled scheme was not run", proto.describe())]
     fx_ratio, un_ratio = _ratio(sc["fixup"]), _ratio(sc["unscaled"])
     holds = fx_ratio <= FLAT_RATIO and un_ratio >= GROWTH_RATIO
+    contrary = fx_ratio >= GROWTH_RATIO
     ours = (f"scalar network: Fixup Δf/η max/min over depths {fx_ratio:.2f}, unscaled "
             f"{'overflows' if math.isinf(un_ratio) else f'{un_ratio:.3g}x'}")
     rule = (f"holds if the scalar network's Fixup Δf/η varies by at most {FLAT_RATIO}x over depth while the unscaled "
             f"branches' grows {GROWTH_RATIO:g}x or more")
-    if "fixup" in me and "fixup_no_depth_scale" in me:
-        a, b = Stat(**me["fixup"]["slope"]), Stat(**me["fixup_no_depth_scale"]["slope"])
+    groups: dict[str, Cells] = {}
+    if "fixup" in grid.theory.measured_methods and "fixup_no_depth_scale" in grid.theory.measured_methods:
+        planned = Cells(grid.seeds)
+        a = Cells.from_dict(me["fixup"]["slopes"]) if "fixup" in me else planned
+        b = Cells.from_dict(me["fixup_no_depth_scale"]["slopes"]) if "fixup_no_depth_scale" in me else planned
+        groups = {"Fixup slope": a, "slope without rule 2": b}
         holds = holds and clearly_below(a, b)
-        ours += (f"; measured log-log slope of Δf (first {summary['step']} steps) against L: Fixup {a.format(2)}, "
-                 f"without rule 2 {b.format(2)}")
-        rule += ", and the measured slope is clearly lower with rule 2 than without"
+        contrary = contrary or clearly_above(a, b)
+        ours += (f"; measured log-log slope of Δf (first {summary['step']} steps) against L, "
+                 f"{proto.scalars}: Fixup {a.format(2)}, without rule 2 {b.format(2)}")
+        rule += ", and the measured slope is clearly lower with rule 2 than without (95% interval)"
     full = max(grid.theory.scalar_depths) >= 10_000
-    return [ClaimRow("theory_fixed_update", ours, scale, verdict(holds, full), rule)]
+    j = judge(groups, holds=holds, contrary=contrary, paper_scale=full)
+    return [ClaimRow.judged("theory_fixed_update", ours, proto, j, rule)]
 
 
 def markdown(summary: dict[str, Any], grid: Grid) -> str:
@@ -150,11 +171,11 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
 
     out = []
     if summary["scalar"]:
-        series = {s: [(int(x), v["mean"]) for x, v in e.items()] for s, e in summary["scalar"].items()}
+        series = {s: [(int(x), v) for x, v in e.items()] for s, e in summary["scalar"].items()}
         out.append(plot_loglog(series, "residual branches L", "Δf / η (first SGD step)", folder / "theory_scalar.png",
                                title="scalar network, m=2 (points missing: overflow or zero)"))
     if summary["measured"]:
-        series = {m: [(e["L"][x], v["mean"]) for x, v in e["points"].items()] for m, e in summary["measured"].items()}
+        series = {m: [(e["L"][x], v) for x, v in e["points"].items()] for m, e in summary["measured"].items()}
         out.append(plot_loglog(series, "residual branches L", f"largest Δf over the first {summary['step']} steps",
                                folder / "theory_measured.png", title="CIFAR ResNet, fixed random batch"))
     return out

@@ -1,6 +1,9 @@
-"""The typed training configuration: one dataclass, one comment per field, units where they apply.
+"""The typed training configuration: one dataclass in sections, one comment per field, units where they apply.
 
-Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mult`` ->
+The sections (network, data, images, optimisation, regularisation, run) are dataclasses of their own;
+:class:`TrainConfig` combines them, so code reads ``config.lr`` while config.json groups the
+fields by section and image-only options stay apart from the rest (``fixup translate`` leaves them
+out). Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mult`` ->
 ``--scalar-lr-mult``); :meth:`TrainConfig.from_dict` rejects unknown keys, and
 :meth:`TrainConfig.validate` rejects values outside what the engine implements, naming them.
 """
@@ -8,11 +11,17 @@ Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mu
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "TrainConfig"]
+from .._devices import check_device_name
+
+__all__ = ["OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS", "DataOptions", "ImageOptions",
+           "ModelOptions", "OptimisationOptions", "RegularisationOptions", "RunOptions", "TrainConfig", "flatten",
+           "section_fields"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
@@ -21,6 +30,45 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
 RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints"})
+
+
+def check_types(config: Any) -> None:
+    """Refuse field values whose type is not the field's (e.g. a hand-edited config.json with "lr": "0.1")."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, tp = getattr(config, f.name), hints[f.name]
+        origin = typing.get_origin(tp) or tp
+        if origin is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif origin is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif origin is tuple:
+            ok = isinstance(value, tuple) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value)
+        else:
+            ok = isinstance(value, origin)
+        if not ok:
+            raise ValueError(f"{f.name} must be of type {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict by section (``{"optimisation": {"lr": 0.1}}``) or flat (``{"lr": 0.1}``) as one flat dict.
+
+    Unknown sections, fields in the wrong section and unknown fields are errors that list the valid ones.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a training config is a JSON object of sections or options, got {type(data).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config section {key!r} must be an object of options, got {value!r}")
+            check_keys(SECTIONS[key], value, f"option of section {key!r}")
+            flat.update(value)
+        else:
+            flat[key] = value
+    check_keys(TrainConfig, flat, "training option")
+    return flat
 
 
 def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
@@ -32,21 +80,34 @@ def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
 
 
 @dataclass
-class TrainConfig:
-    """Everything that decides what a training run computes (defaults: Fixup ResNet-20 on digits)."""
+class ModelOptions:
+    """What is trained: the task and the model built for it."""
 
-    # --- task and model -------------------------------------------------------------------------
     task: str = "images"  # task kind: "images" (classification); others add themselves to fixup.train.task.TASKS
     model: str = "resnet_cifar"  # registered model name (fixup.list_models())
+    adapt: str = ""  # module:factory of a user's model: fixup.adapt-ed under norm fixup, else as built ("" = model)
     depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
     width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
     norm: str = "fixup"  # fixup | batchnorm | groupnorm | layernorm | none
     init: str = ""  # initialisation or ablation for the chosen norm ("" = the norm's default)
-    dropout: float = 0.0  # dropout probability, passed to the model builder when > 0
-    # --- data -------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataOptions:
+    """Where examples come from and how many go into a step (every task)."""
+
+    data_dir: str = ""  # local archive/folder of the data set (not needed for digits or the generated translation task)
+    batch_size: int = 128  # examples per optimiser step, summed over all processes
+    eval_batch_size: int = 500  # examples per evaluation batch, per process
+    drop_last: bool = False  # drop each epoch's final incomplete training batch
+
+
+@dataclass
+class ImageOptions:
+    """Image classification only: the data set, how images reach the model, image augmentation."""
+
     dataset: str = "digits"  # digits | cifar10 | cifar100 | svhn | folder
-    data_dir: str = ""  # local archive/folder of the data set (not needed for digits)
-    image_size: int = 0  # pixels per side fed to the model (0 = as stored; folders: 224)
+    image_size: int = 0  # pixels per side fed to the model (0 = as stored; folders: their images' size)
     resize: str = "interpolate"  # how images reach image_size: interpolate | pad
     channels: int = 0  # input channels fed to the model (0 = as stored; 1 <-> 3 converts)
     split_seed: int = 0  # seed of digits' fixed stratified train/test split
@@ -55,12 +116,13 @@ class TrainConfig:
     hflip: str = "auto"  # random horizontal flips: on | off | auto (on for CIFAR and folders)
     cutout: int = 0  # side of the Cutout square in pixels, 0 = off (DeVries & Taylor 2017 use 16 on CIFAR-10)
     mixup_alpha: float = 0.0  # Mixup's Beta(alpha, alpha), 0 = off (Fixup paper, section 4.2: 0.7 for Fixup)
-    label_smoothing: float = 0.0  # probability mass spread uniformly over the classes
-    batch_size: int = 128  # examples per optimiser step, summed over all processes
-    eval_batch_size: int = 500  # examples per evaluation batch, per process
-    drop_last: bool = False  # drop each epoch's final incomplete training batch
     num_workers: int = 0  # DataLoader worker processes decoding image folders (in-memory sets need none)
-    # --- optimisation -------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimisationOptions:
+    """The optimiser, its parameter groups and the learning-rate schedule."""
+
     optimizer: str = "sgd"  # sgd | adam | adamw
     lr: float = 0.1  # peak learning rate (per lr_reference_batch examples when that is set)
     lr_reference_batch: int = 0  # if > 0, the lr used is lr * batch_size / lr_reference_batch
@@ -78,7 +140,20 @@ class TrainConfig:
     warmup_steps: int = 0  # linear warm-up over this many optimiser steps (inverse_sqrt: its warm-up)
     epochs: int = 30  # passes over the training set
     max_updates: int = 0  # stop after this many optimiser steps, if earlier than epochs (0 = epochs decide)
-    # --- numerics and safety --------------------------------------------------------------------
+
+
+@dataclass
+class RegularisationOptions:
+    """Regularisers every task has (the image-only ones, Mixup and Cutout, are in ImageOptions)."""
+
+    dropout: float = 0.0  # dropout probability, passed to the model builder when > 0
+    label_smoothing: float = 0.0  # probability mass spread uniformly over the classes
+
+
+@dataclass
+class RunOptions:
+    """How the run is carried out and kept: numerics, seed, device, checkpoints, logs, task-specific extras."""
+
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler)
     max_loss: float = 0.0  # a training loss above this counts as divergence (0 = only non-finite losses)
     collapse_patience: int = 20  # steps with no live classifier input unit before the run ends collapsed (0 = off)
@@ -86,28 +161,47 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     checkpoint_segments: int = 0  # activation checkpointing: recompute residual stages in this many segments (0 = off)
     sync_bn: bool = False  # convert BatchNorm to SyncBatchNorm under torchrun (BatchNorm baseline only)
-    # --- output -----------------------------------------------------------------------------------
     eval_every: int = 1  # evaluate on the test set every this many epochs (and after the last)
     checkpoint: bool = True  # write out_dir/checkpoint.pt after every epoch and on SIGINT/SIGTERM
     keep_checkpoints: int = 0  # also keep the model weights of the last N epochs (checkpoint_step{S}.pt), to average
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
     tensorboard: bool = False  # also log scalars for TensorBoard in out_dir/tensorboard (needs tensorboard)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # task-specific options as a JSON object
 
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # task-specific options (JSON values)
+
+# The sections, in the order config.json and `fixup train --help` show them.
+SECTIONS: dict[str, type] = {"network": ModelOptions, "data": DataOptions, "images": ImageOptions,
+                             "optimisation": OptimisationOptions, "regularisation": RegularisationOptions,
+                             "run": RunOptions}
+
+
+def section_fields(section: str) -> tuple[str, ...]:
+    """The field names of one section of :data:`SECTIONS`."""
+    return tuple(f.name for f in dataclasses.fields(SECTIONS[section]))
+
+
+@dataclass
+class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageOptions, DataOptions, ModelOptions):
+    """Everything that decides what a training run computes (defaults: Fixup ResNet-20 on digits).
+
+    The fields come in sections (:data:`SECTIONS`: network, data, images, optimisation, regularisation,
+    run), each its own dataclass; a config reads flat (``config.lr``) and is written by section
+    (:meth:`to_dict`, config.json). :meth:`from_dict` reads both layouts, so older flat files still load.
+    """
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build a config from a dict (e.g. a saved config.json); an unknown key is an error."""
-        check_keys(cls, data, "training option")
-        kwargs = dict(data)
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build a config from a dict, by section (config.json) or flat (older files); an unknown key is an error."""
+        kwargs = flatten(data)
         for key in ("betas", "milestones"):
-            if key in kwargs:
-                kwargs[key] = tuple(float(v) for v in kwargs[key])
+            if isinstance(kwargs.get(key), (list, tuple)):
+                kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs).validate()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able values (tuples become lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """Plain JSON-able values by section (tuples become lists): ``{"model": {...}, "data": {...}, ...}``."""
+        flat = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {name: {k: flat[k] for k in section_fields(name)} for name in SECTIONS}
 
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed (validated)."""
@@ -115,6 +209,12 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Check every value the engine interprets; return ``self`` so calls can be chained."""
+        check_types(self)
+        floats = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), float)]
+        for name in [*floats, "betas", "milestones"]:
+            values = getattr(self, name)
+            if not all(math.isfinite(v) for v in (values if isinstance(values, tuple) else (values,))):
+                raise ValueError(f"{name} must be a finite number, got {values}")
         choices = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
                    "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad")}
         for name, allowed in choices.items():
@@ -130,6 +230,30 @@ class TrainConfig:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("seed", "split_seed"):
+            if not 0 <= getattr(self, name) < 2**32:
+                raise ValueError(f"{name} must be a whole number in [0, 2**32), got {getattr(self, name)}")
+        if self.gamma <= 0:
+            raise ValueError(f"gamma must be > 0 (the step schedule multiplies the lr by it), got {self.gamma}")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0 (Adam's denominator epsilon), got {self.eps}")
+        if self.scalar_lr_mult < 0:
+            raise ValueError(f"scalar_lr_mult must be >= 0, got {self.scalar_lr_mult}")
+        if self.scalar_weight_decay < 0 and self.scalar_weight_decay != -1:
+            raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
+                             f"{self.scalar_weight_decay}")
+        if self.dropout >= 1:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
+        if self.image_size < 0:
+            raise ValueError(f"image_size must be >= 0 pixels (0 = as stored), got {self.image_size}")
+        if self.channels not in (0, 1, 3):
+            raise ValueError(f"channels must be 0 (as stored), 1 or 3, got {self.channels}")
+        if self.crop_padding < -1:
+            raise ValueError(f"crop_padding must be >= 0 pixels, or -1 for the data set's default; got "
+                             f"{self.crop_padding}")
+        check_device_name(self.device)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if self.nesterov and (self.optimizer != "sgd" or self.momentum <= 0):

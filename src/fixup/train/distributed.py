@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .._devices import resolve_device
 from .task import Shard
 
 __all__ = ["Runtime", "all_reduce_sums", "any_rank", "setup", "shard_model", "teardown", "wrap_model"]
@@ -46,22 +47,11 @@ class Runtime:
         return self.shard.rank == 0
 
 
-def _pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda":
-        return torch.device("cuda", local_rank)
-    device = torch.device(choice)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={choice!r} was asked for but CUDA is not available; use device='cpu' or 'auto'")
-    return device
-
-
 def setup(device: str = "auto") -> Runtime:
     """Join torchrun's process group when WORLD_SIZE > 1 (or reuse one already set up)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _pick_device(device, local_rank)
+    dev = resolve_device(device, local_rank)
     if dist.is_available() and dist.is_initialized():
         return Runtime(Shard(dist.get_rank(), dist.get_world_size()), dev)
     if world <= 1:

@@ -18,6 +18,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +28,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._io import remove_stale_temporaries
+from .._signals import SIGNALS, Interrupted
 from . import distributed as D
 from .checkpoint import (
     CheckpointError,
+    CheckpointWarning,
     check_compatible,
     get_rng_state,
-    load_checkpoint,
+    resume_state,
     save_checkpoint,
     set_rng_state,
 )
@@ -62,7 +66,8 @@ class StepInfo:
 def _stop_on_signals() -> Iterator[list[str]]:
     """Turn SIGINT/SIGTERM into a request (the returned list gets the signal's name) while inside.
 
-    The run stops cleanly after the current step; a second signal aborts at once (KeyboardInterrupt).
+    The run stops cleanly after the current step; a second signal aborts at once (:class:`fixup._signals.
+    Interrupted`, a KeyboardInterrupt). A signal ignored on entry (SIG_IGN, as in background jobs) stays ignored.
     """
     requested: list[str] = []
     if threading.current_thread() is not threading.main_thread():
@@ -71,15 +76,18 @@ def _stop_on_signals() -> Iterator[list[str]]:
 
     def handler(signum: int, _frame: Any) -> None:
         if requested:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
+            raise Interrupted(signum, kept="a second signal: aborted without writing a checkpoint")
         requested.append(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    for s, h in previous.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, handler)
     try:
         yield requested
     finally:
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def _seed_everything(seed: int) -> None:
@@ -153,12 +161,22 @@ class _Run:
         self.watch = CollapseWatch(self.model, config.collapse_patience)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
         self.epoch, self.batch, self.step = 0, 0, 0
+        self.stopped_by = ""  # the signal that stopped the run (SIGINT, SIGTERM), if one did
         self.partial: dict[str, Tensor] = {}
         self.history: list[dict[str, Any]] = []
         self.outcome: Outcome | None = None
+        self.already_ended = False  # the run folder held a run that had already ended; nothing was trained
         self.ckpt = self.out_dir / CHECKPOINT if self.out_dir is not None and config.checkpoint else None
-        if self.ckpt is not None and config.resume and self.ckpt.exists():
-            self._restore(self.ckpt)
+        if self.ckpt is not None and runtime.is_main:
+            remove_stale_temporaries(self.out_dir)  # left by a process killed while writing
+        if self.ckpt is not None and config.resume:
+            found = resume_state(self.ckpt)
+            if found is not None:
+                state, path, note = found
+                if note:
+                    warnings.warn(note, CheckpointWarning, stacklevel=2)
+                self._restore(state, path)
+                self.already_ended = self.outcome is not None
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -175,7 +193,7 @@ class _Run:
             return False
         if not _finite(self.model):
             return False
-        save_checkpoint(self.ckpt, self._state())
+        save_checkpoint(self.ckpt, self._state(), keep_previous=True)
         return True
 
     def _keep(self) -> None:
@@ -191,24 +209,29 @@ class _Run:
         for old in kept[:-n]:
             old.unlink()
 
-    def _restore(self, path: Path) -> None:
-        state = load_checkpoint(path, map_location="cpu")  # RNG states must stay CPU tensors
+    def _restore(self, state: dict[str, Any], path: Path) -> None:
+        """Continue from ``state`` (read from ``path`` on the CPU: RNG states must stay CPU tensors)."""
+        if not isinstance(state["config"], dict):
+            raise CheckpointError(f"checkpoint {path} has no readable config; use another --out-dir or --no-resume")
         check_compatible(state["config"], self.config.to_dict(), path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser ({err}); use another "
-                                  "--out-dir or --no-resume") from err
-        pos = state["position"]
-        self.epoch, self.batch, self.step = int(pos["epoch"]), int(pos["batch"]), int(pos["step"])
-        self.partial = {k: v.to(self.runtime.device) for k, v in state.get("partial", {}).items()}
-        self.history = list(state.get("history", []))
-        if state.get("outcome") and state["outcome"]["status"] != "interrupted":
-            self.outcome = Outcome(**state["outcome"])
-        set_rng_state(state["rng"])
+            pos = state["position"]
+            self.epoch, self.batch, self.step = int(pos["epoch"]), int(pos["batch"]), int(pos["step"])
+            if min(self.epoch, self.batch, self.step) < 0 or self.step > self.total:
+                raise ValueError(f"position {pos} lies outside this run of {self.total} steps")
+            self.partial = {k: v.to(self.runtime.device) for k, v in state.get("partial", {}).items()}
+            self.history = list(state.get("history", []))
+            if state.get("outcome") and state["outcome"]["status"] != "interrupted":
+                self.outcome = Outcome(**state["outcome"])
+            set_rng_state(state["rng"])
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as err:
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser or has edited fields "
+                                  f"({type(err).__name__}: {first}); use another --out-dir or --no-resume") from err
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -227,7 +250,8 @@ class _Run:
                     self._train(log, signals)
             assert self.outcome is not None
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
-                                 None if self.out_dir is None else str(self.out_dir), self.model)
+                                 None if self.out_dir is None else str(self.out_dir), self.model,
+                                 already_ended=self.already_ended, stopped_by=self.stopped_by)
             log.write_history(self.history)
             log.write_result(result.to_dict())
             return result
@@ -278,6 +302,7 @@ class _Run:
                     info = StepInfo(self.epoch, self.batch, self.step, value)
                     hook = bool(self.on_step(info)) if self.on_step else False
                     if D.any_rank(hook or bool(signals), rt):
+                        self.stopped_by = signals[0] if signals else ""
                         self.outcome = Outcome("interrupted", self.epoch, self.step,
                                                f"stopped by {signals[0] if signals else 'request'} at epoch "
                                                f"{self.epoch}, batch {self.batch}")

@@ -44,6 +44,8 @@ class ImageClassification:
 
     # -- model ------------------------------------------------------------------------------------
     def build_model(self, config: TrainConfig) -> nn.Module:
+        if config.adapt:
+            return self._adapted_model(config)
         from ..models import create_model
 
         kwargs: dict[str, Any] = {"norm": config.norm, "num_classes": self.data.num_classes,
@@ -58,6 +60,26 @@ class ImageClassification:
         except TypeError as err:
             raise ValueError(f"model {config.model!r} does not take one of the options {sorted(kwargs)} ({err}); "
                              "leave depth/width/dropout at 0 for models without them") from err
+
+    def _adapted_model(self, config: TrainConfig) -> nn.Module:
+        """The user's model from ``config.adapt`` (``module:factory``; the factory may take ``num_classes`` and
+        ``in_channels``), Fixup-adapted on two training images when ``norm`` is ``fixup``, else as built."""
+        import inspect
+
+        from .._adapt import adapt
+        from .._adapt._cli import load_factory
+
+        factory = load_factory(config.adapt)
+        offered = {"num_classes": self.data.num_classes, "in_channels": self.data.in_channels}
+        params = inspect.signature(factory).parameters
+        made = factory(**{k: v for k, v in offered.items() if k in params})
+        model = made[0] if isinstance(made, tuple) else made
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"--adapt {config.adapt}: the factory returned {type(model).__name__}, not an nn.Module")
+        if config.norm == "fixup":
+            example, _ = next(self._load(self.data.train, [[0, 1]]))
+            model, _ = adapt(model, example)
+        return model
 
     # -- data -------------------------------------------------------------------------------------
     def _per_rank_batch(self, shard: Shard) -> int:

@@ -12,10 +12,12 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["EXIT_CODES", "Outcome", "TrainResult"]
+__all__ = ["EXIT_CODES", "SIGNAL_EXIT_CODES", "Outcome", "TrainResult"]
 
-# Exit codes of `fixup train` per outcome (2 is kept for usage and input errors).
+# Exit codes of `fixup train` per outcome (2 is kept for usage and input errors); an interruption by
+# a signal exits as shells report a process killed by it, 128 + the signal's number.
 EXIT_CODES = {"completed": 0, "diverged": 3, "interrupted": 4, "collapsed": 5}
+SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
 class Outcome(str):
@@ -62,6 +64,8 @@ class TrainResult:
     task: dict[str, Any] = field(default_factory=dict)  # the task's describe()
     out_dir: str | None = None
     model: nn.Module | None = field(default=None, repr=False, compare=False)  # the trained model (unwrapped)
+    already_ended: bool = False  # the run folder's run had already ended: returned as found, nothing trained
+    stopped_by: str = ""  # the signal that interrupted the run ("SIGINT", "SIGTERM"), "" otherwise
 
     @property
     def final(self) -> dict[str, Any]:
@@ -75,6 +79,9 @@ class TrainResult:
 
     @property
     def exit_code(self) -> int:
+        """:data:`EXIT_CODES` of the outcome; a run stopped by a signal exits as 128 + its number (130, 143)."""
+        if self.outcome.status == "interrupted" and self.stopped_by in SIGNAL_EXIT_CODES:
+            return SIGNAL_EXIT_CODES[self.stopped_by]
         return EXIT_CODES[self.outcome.status]
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,17 +16,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLog", "write_text_atomic"]
+from .._io import write_text
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+__all__ = ["RunLog"]
 
 
 def _json(data: Any) -> str:
@@ -53,14 +48,14 @@ class RunLog:
     def write_setup(self, config: dict[str, Any], run: dict[str, Any]) -> None:
         if self.dir is None:
             return
-        write_text_atomic(self.dir / "config.json", _json(config) + "\n")
-        write_text_atomic(self.dir / "run.json", _json(run) + "\n")
+        write_text(self.dir / "config.json", _json(config) + "\n")
+        write_text(self.dir / "run.json", _json(run) + "\n")
 
     def write_history(self, history: list[dict[str, Any]]) -> None:
         """Rewrite metrics.jsonl and metrics.csv from the whole history; log the newest epoch to TensorBoard."""
         if self.dir is None:
             return
-        write_text_atomic(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+        write_text(self.dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
         columns: list[str] = []
         for record in history:
             columns += [k for k in record if k not in columns]
@@ -68,7 +63,7 @@ class RunLog:
         writer = csv.DictWriter(buf, fieldnames=columns)
         writer.writeheader()
         writer.writerows(history)
-        write_text_atomic(self.dir / "metrics.csv", buf.getvalue())
+        write_text(self.dir / "metrics.csv", buf.getvalue())
         if self.tb is not None and history:
             last = history[-1]
             for key, value in last.items():
@@ -79,7 +74,7 @@ class RunLog:
     def write_result(self, result: dict[str, Any]) -> None:
         if self.dir is None:
             return
-        write_text_atomic(self.dir / "result.json", _json(result) + "\n")
+        write_text(self.dir / "result.json", _json(result) + "\n")
 
     def close(self) -> None:
         if self.tb is not None:

@@ -19,7 +19,9 @@ __all__ = ["average_checkpoints", "average_state_dicts", "model_state"]
 def model_state(checkpoint: Mapping) -> Mapping[str, Tensor]:
     """The model's state dict inside a checkpoint: its ``"model"`` entry, or the mapping itself."""
     state = checkpoint.get("model", checkpoint)
-    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+    if isinstance(state, Mapping) and state is checkpoint:  # a bare state dict: leave out fixup's own entries
+        state = {k: v for k, v in state.items() if k not in ("format", "sha256")}
+    if not isinstance(state, Mapping) or not state or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError("checkpoint holds no model state dict (a mapping of tensors, itself or under "
                          "'model')")
     return state
@@ -46,6 +48,12 @@ def average_state_dicts(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Ten
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Tensor]:
-    """Load the checkpoint files ``paths`` (on the CPU) and average their model states."""
-    states = [model_state(torch.load(p, map_location="cpu", weights_only=False)) for p in paths]
+    """Load the checkpoint files ``paths`` (on the CPU) and average their model states.
+
+    Each file is read with ``torch.load(weights_only=True)`` (tensors and plain containers only: a file
+    carrying pickled code is refused, never run) and checked against its digest when it has one.
+    """
+    from ..train.checkpoint import read_state
+
+    states = [model_state(read_state(p, map_location="cpu")) for p in paths]
     return average_state_dicts(states)

@@ -49,11 +49,19 @@ def _config(args: argparse.Namespace):
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from ..cli import write_json
+    from .._checks import check_numbers
+    from .._devices import resolve_device
+    from .._io import write_json
     from .evaluate import DecodeConfig
     from .run import train_and_evaluate
 
+    check_numbers(args, positive=("beam",), nonneg=("average_last", "lenpen"))
+    for key in ("max_tokens", "vocab_size", "synthetic_train", "bleu_limit", "synthetic_seed"):
+        value, least = getattr(args, f"tr_{key}"), 1 if key in ("max_tokens", "vocab_size", "synthetic_train") else 0
+        if value is not None and value < least:
+            raise ValueError(f"--{key.replace('_', '-')} must be >= {least}, got {value}")
     config = _config(args)
+    resolve_device(config.device)  # before the vocabulary and the generated data are written
     out_dir = args.out_dir or f"runs/translate-{config.model}-{config.norm}"
     decode = DecodeConfig(beam=args.beam, length_penalty=args.lenpen)
     summary = train_and_evaluate(config, out_dir, decode, average_last=args.average_last,
@@ -74,7 +82,8 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..train.cli import add_config_options
+    from ..train.cli import add_config_options, field_comments
+    from .task import TranslationOptions, translation_config
 
     p = sub.add_parser("translate", help="train a Transformer on parallel text and report BLEU (docs/translation.md)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,10 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pre-norm", action="store_true", help="LayerNorm before each branch (--norm layernorm)")
     p.add_argument("--joint-vocab", action="store_true", help="one sentencepiece vocabulary for both languages")
     p.add_argument("--share-embeddings", action="store_true", help="one embedding table (implies --joint-vocab)")
+    recipe = translation_config("tiny")
+    options = TranslationOptions.from_extra(dict(recipe.extra))
+    comments = field_comments(TranslationOptions)
+    group = p.add_argument_group("translation options", "shortcuts for TranslationOptions fields (the others go "
+                                                        "in --extra JSON); defaults of the tiny recipe")
     for key, tp in _OPTION_FLAGS.items():
-        p.add_argument("--" + key.replace("_", "-"), dest=f"tr_{key}", type=tp, default=None,
-                       metavar=tp.__name__.upper(), help="translation option (see TranslationOptions)")
+        group.add_argument("--" + key.replace("_", "-"), dest=f"tr_{key}", type=tp, default=None,
+                           metavar=tp.__name__.upper(),
+                           help=f"{comments[key]} (default: {getattr(options, key)!r})".replace("%", "%%"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(p)
+    add_config_options(p, defaults=recipe, skip=("images",))
     p.set_defaults(func=_translate)

@@ -8,13 +8,14 @@ generated task, a word-for-word dictionary translation.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._io import write_json, write_text
+from .._signals import Interrupted
 from ..data.synthetic_translation import SyntheticTranslationConfig, make_lexicon, word_for_word
 from .averaging import average_checkpoints
 from .evaluate import DecodeConfig, corpus_bleu, evaluate_bleu
@@ -50,6 +51,9 @@ def train_and_evaluate(config: TrainConfig, out_dir: str | Path, decode: DecodeC
     out_dir = Path(out_dir)
     task = TranslationTask(config, work_dir=out_dir)
     result = fit(config, out_dir=out_dir, task=task, progress=progress)
+    if result.stopped_by:  # SIGINT/SIGTERM: stop here, with the checkpoint of the last step kept; no decoding
+        raise Interrupted.from_name(result.stopped_by, kept=f"stopped after step {result.outcome.step}; checkpoint "
+                                                            f"kept in {out_dir / 'checkpoint.pt'}")
     model = result.model
     averaged: list[str] = []
     if average_last > 1:
@@ -61,13 +65,13 @@ def train_and_evaluate(config: TrainConfig, out_dir: str | Path, decode: DecodeC
         model.load_state_dict(average_checkpoints(averaged))
     device = next(model.parameters()).device
     bleu, hyps = evaluate_bleu(model, task.data, split, decode, device)
-    (out_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text(out_dir / f"{split}.hyp", "".join(h + "\n" for h in hyps))
     summary = {"model": config.model, "norm": config.norm, "outcome": result.outcome.to_dict(),
                "updates": result.outcome.step, "split": split, "bleu": bleu.to_dict(), "decode": asdict(decode),
                "averaged_checkpoints": averaged, **baselines(task, split), "final": result.final,
                "history": result.history,
                "parameters": sum(p.numel() for p in model.parameters()), "task": task.describe()}
-    (out_dir / "translation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(out_dir / "translation.json", summary)
     return summary
 
 

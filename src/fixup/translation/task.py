@@ -53,7 +53,7 @@ class TranslationOptions:
 
     work_dir: str = "runs/translation"  # where the vocabulary (and the generated data) are written
     src_suffix: str = "src"  # file suffix of the source side ({split}.{src_suffix})
-    tgt_suffix: str = "tgt"
+    tgt_suffix: str = "tgt"  # file suffix of the target side ({split}.{tgt_suffix})
     vocab_size: int = 1000  # sentencepiece vocabulary size per language (or joint)
     joint_vocab: bool = False  # one vocabulary for both languages (needed for share_embeddings)
     spm_model: str = "bpe"  # sentencepiece model type: bpe | unigram | word | char
@@ -61,8 +61,8 @@ class TranslationOptions:
     max_len: int = 128  # training pairs longer than this many subword tokens are dropped
     share_embeddings: bool = False  # one embedding table for both languages (requires joint_vocab)
     pre_norm: bool = False  # LayerNorm before each branch (norm="layernorm" only)
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    attention_dropout: float = 0.0  # dropout on the attention weights
+    activation_dropout: float = 0.0  # dropout after the feed-forward activation
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # other TransformerConfig overrides
     bleu_limit: int = 500  # valid sentences translated (greedy) for valid_bleu at each evaluation; 0 = off
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)

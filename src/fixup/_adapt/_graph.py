@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from torch import fx, nn
 
 from ..branch import WEIGHT_LAYERS
-from . import _trace as T
+from . import _vocab as T
 
 __all__ = ["AdaptError", "Analysis", "Problem", "Residual", "analyse"]
 
@@ -54,6 +54,7 @@ class Residual:
     gates: list[fx.Node] = field(default_factory=list)
     projection: fx.Node | None = None
     shortcut_kind: str = "identity"  # "identity", "parameter-free" or "projection"
+    layer_scale: fx.Node | None = None  # a parameter multiplying the branch after its last layer
 
 
 @dataclass
@@ -104,6 +105,7 @@ class _Analyser:
         self.problems: list[Problem] = []
         self.notes: list[str] = []
         self.by_scope: dict[str, list[fx.Node]] = {}  # module path -> nodes created inside its forward
+        self.inputs = [n for n in self.anc.nodes if n.op == "placeholder"]
         for n in self.anc.nodes:
             for path, _ in (n.meta.get("nn_module_stack") or {}).values():
                 self.by_scope.setdefault(path, []).append(n)
@@ -114,14 +116,18 @@ class _Analyser:
         if not block:
             return set()
         hi = self.anc.index[out]
-        return {n for n in self.by_scope.get(block, ()) if self.anc.index[n] <= hi
+        return {n for n in self.by_scope.get(block, ()) if self.anc.index[n] <= hi and self._from_input(n)
                 and n.op in ("call_module", "call_function", "call_method") and self.anc.has(out, n)
                 and not self.anc.has(fork, n) and not self.anc.has(n, fork)}
+
+    def _from_input(self, node: fx.Node) -> bool:
+        """``node`` depends on one of the model's inputs (not only on parameters and constants)."""
+        return any(self.anc.has(node, p) for p in self.inputs)
 
     def _hidden_weights(self, node: fx.Node) -> bool:
         """A module call holding a weight matrix that is not a weight layer (a leaf kept whole)."""
         mod = T.module_of(node, self.modules)
-        return mod is not None and not T.is_weight_unit(node, self.modules) and \
+        return mod is not None and not T.is_weight_unit(node, self.modules) and not T.is_lookup(node) and \
             not T.is_norm(node, self.modules) and any(p.dim() >= 2 for p in mod.parameters())
 
     def _gate_operand(self, node: fx.Node) -> bool:
@@ -157,9 +163,7 @@ class _Analyser:
         sides = {a: self.anc.between(fork, a) if a is not fork else set(),
                  b: self.anc.between(fork, b) if b is not fork else set()}
         counts = {s: len(_units(nodes, self.modules)) for s, nodes in sides.items()}
-        if add.target is T.residual_add:
-            shortcut, out = a, b  # residual_add(shortcut, branch, name)
-        elif counts[a] == counts[b] == 0:
+        if counts[a] == counts[b] == 0:
             hidden = [n for nodes in sides.values() for n in nodes if self._hidden_weights(n)]
             if hidden:
                 self.problems.append(Problem(add.name, (
@@ -209,6 +213,10 @@ class _Analyser:
                 continue
             ok = self.anc.has(n, last) and (T.is_passthrough(n, self.modules) or self._is_gate_mul(n)
                                             or self._is_outside_factor_mul(n, res.data))
+            if ok and self._is_outside_factor_mul(n, res.data):
+                param = self._parameter_factor(n, res.data)
+                if param is not None and res.layer_scale is None:
+                    res.layer_scale = param
             ok = ok and all(self.anc.has(p, last) for p in T.data_inputs(n) if p in res.data)
             if not ok:
                 self.problems.append(Problem(res.add.name, (
@@ -224,6 +232,15 @@ class _Analyser:
         return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
             sum(p in data for p in inputs) == 1
 
+    def _parameter_factor(self, node: fx.Node, data: set[fx.Node]) -> fx.Node | None:
+        """The parameter (``get_attr``), up to reshapes, that multiplies the branch at ``node``: a layer scale."""
+        factor = next((p for p in T.data_inputs(node) if p not in data), None)
+        while factor is not None and factor.op != "get_attr":
+            if not T.is_passthrough(factor, self.modules) or len(factor.all_input_nodes) != 1:
+                return None
+            factor = factor.all_input_nodes[0]
+        return factor if factor is not None and factor.meta.get("param") else None
+
     def _is_gate_mul(self, node: fx.Node) -> bool:
         inputs = T.data_inputs(node)
         return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
@@ -236,7 +253,23 @@ class _Analyser:
         cands = [n for n in self.anc.nodes
                  if isinstance(T.module_of(n, self.modules), WEIGHT_LAYERS) and n not in taken
                  and self.anc.has(output, n) and not any(self.anc.has(a, n) for a in adds)]
-        return [c for c in cands if not any(d is not c and self.anc.has(d, c) for d in cands)]
+        last = [c for c in cands if not any(d is not c and self.anc.has(d, c) for d in cands)]
+        return [c for c in last if self._plainly_reaches(c, output)]
+
+    def _plainly_reaches(self, node: fx.Node, output: fx.Node) -> bool:
+        """``node`` reaches the output through pass-through operations only (a head, not a pooler's dense
+        layer followed by tanh)."""
+        seen, stack = set(), list(node.users)
+        while stack:
+            u = stack.pop()
+            if u is output:
+                return True
+            if u in seen:
+                continue
+            seen.add(u)
+            if T.is_passthrough(u, self.modules) or (u.op == "call_method" and u.target in ("float", "to")):
+                stack.extend(u.users)
+        return False
 
 
 def _describe(node: fx.Node, modules: dict[str, nn.Module]) -> str:
@@ -290,7 +323,7 @@ def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Modu
             ok = False
         mod = T.module_of(n, modules)
         if mod is not None and not T.is_weight_unit(n, modules) and not T.is_norm(n, modules) and \
-                any(p.dim() >= 2 for p in mod.parameters()):
+                not T.is_lookup(n) and any(p.dim() >= 2 for p in mod.parameters()):
             an.problems.append(Problem(n.name, (
                 f"{type(mod).__name__} on the branch of {r.add.name!r} holds a weight matrix but is not a "
                 "weight layer fixup_init_ can count (nn.Linear, nn.Conv1d/2d/3d, nn.MultiheadAttention)")))
@@ -298,21 +331,14 @@ def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Modu
         for p in n.all_input_nodes:
             if p.op != "get_attr" or p in r.data:
                 continue
-            value = an_attr(graph, str(p.target))
-            if isinstance(value, nn.Parameter) and value.dim() >= 2:
+            if p is r.layer_scale:
+                continue
+            if p.meta.get("param") and p.meta.get("dim", 0) >= 2:
                 an.problems.append(Problem(n.name, (
                     f"parameter {p.target!r} is used as a weight directly on the branch of {r.add.name!r}, "
                     "not through a weight layer module, so it cannot be counted in m")))
                 ok = False
-            elif isinstance(value, nn.Parameter):
+            elif p.meta.get("param"):
                 an.notes.append(f"parameter {p.target!r} on the branch of {r.add.name!r} is not a weight "
                                 "layer; it is left as it is")
     return ok
-
-
-def an_attr(graph: fx.Graph, target: str) -> object:
-    """The value of a ``get_attr`` target on the graph's owning module (``None`` if unknown)."""
-    obj: object = graph.owning_module
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj

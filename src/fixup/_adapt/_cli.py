@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     The factory returns a model, or ``(model, example_input)``; without an example input from the
     factory, ``--input-shape`` gives one.
     """
-    from ..cli import write_json
+    from .._io import write_json
     from . import adapt
 
     made = load_factory(args.adapt)()

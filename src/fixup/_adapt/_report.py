@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..report import FixupReport
@@ -34,25 +34,30 @@ class ResidualRecord:
 
 @dataclass
 class AdaptReport(FixupReport):
-    """``fixup.adapt``'s report: the rule's accounting, the residual sums found and the norms replaced."""
+    """``fixup.adapt``'s report: the rule's accounting, the residual sums found and what the adaptation changed."""
 
-    traced_with: str = "torch.fx"
+    captured_with: str = "eager recording"
     residuals: list[ResidualRecord] = field(default_factory=list)
     norms_replaced: list[NormChange] = field(default_factory=list)
     scalars_added: list[str] = field(default_factory=list)
+    # Activations, gates and softmaxes computed on the example input, before and after (they must match).
+    nonlinearities_before: int = 0
+    nonlinearities_after: int = 0
+    layer_scales: list[str] = field(default_factory=list)   # parameters used as their branch's multiplier
+    fused_qkv: list[str] = field(default_factory=list)      # layers declared as three (Q, K, V)
+    untied: list[str] = field(default_factory=list)         # tied weights given their own copy
+    weights_loaded: list[str] = field(default_factory=list)   # state_dict entries loaded (state_dict=...)
+    weights_dropped: list[str] = field(default_factory=list)  # entries of it that no longer exist, and why
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AdaptReport:
-        own = {f.name for f in fields(cls)} - {f.name for f in fields(FixupReport)}
-        base = FixupReport.from_dict({k: v for k, v in data.items() if k not in own})
-        return cls(**{f.name: getattr(base, f.name) for f in fields(FixupReport)},
-                   traced_with=data.get("traced_with", "torch.fx"),
-                   residuals=[ResidualRecord(**r) for r in data.get("residuals", [])],
-                   norms_replaced=[NormChange(**n) for n in data.get("norms_replaced", [])],
-                   scalars_added=list(data.get("scalars_added", [])))
+    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
+        out = super()._fields_from(data)
+        out["residuals"] = [ResidualRecord(**r) for r in data.get("residuals", [])]
+        out["norms_replaced"] = [NormChange(**n) for n in data.get("norms_replaced", [])]
+        return out
 
     def format(self, max_branches: int = 12) -> str:
-        lines = [super().format(max_branches), f"adaptation (traced with {self.traced_with}):"]
+        lines = [super().format(max_branches), f"adaptation (captured by {self.captured_with}):"]
         kinds: dict[str, int] = {}
         for r in self.residuals:
             kinds[r.shortcut] = kinds.get(r.shortcut, 0) + 1
@@ -70,4 +75,14 @@ class AdaptReport(FixupReport):
         lines.append("  normalisation taken out: " + (", ".join(
             f"{c} {t} {'-> scalar Bias' if a == 'bias' else 'removed'}" for (t, a), c in counts.items()) or "none"))
         lines.append(f"  scalars added: {len(self.scalars_added)}")
+        lines.append(f"  non-linearities on the example input: {self.nonlinearities_before} before, "
+                     f"{self.nonlinearities_after} after")
+        for label, items in (("layer scale used as the branch multiplier", self.layer_scales),
+                             ("fused Q/K/V layer counted as three", self.fused_qkv), ("untied", self.untied)):
+            if items:
+                more = f" (+{len(items) - 4})" if len(items) > 4 else ""
+                lines.append(f"  {label}: " + ", ".join(items[:4]) + more)
+        if self.weights_loaded or self.weights_dropped:
+            lines.append(f"  original weights: {len(self.weights_loaded)} entries loaded, "
+                         f"{len(self.weights_dropped)} dropped")
         return "\n".join(lines)

@@ -11,9 +11,7 @@ projections are rows of its fused ``in_proj_weight`` (declared with :class:`fixu
 
 from __future__ import annotations
 
-import inspect
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,16 +23,17 @@ from ..nn import Bias, Scale, residual_add
 
 __all__ = [
     "NORM_LAYERS",
-    "AdaptTracer",
+    "WEIGHT_KIND",
     "is_activation",
     "is_add",
     "is_gate",
+    "is_lookup",
     "is_meta",
     "is_norm",
     "is_passthrough",
     "is_weight_unit",
     "module_of",
-    "trace",
+    "slow_path_",
 ]
 
 NORM_LAYERS: tuple[type[nn.Module], ...] = (
@@ -76,8 +75,21 @@ def module_of(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
 
 
 def is_weight_unit(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    """A weight layer (Linear/Conv) or a multi-head attention, each one call of a leaf module."""
-    return isinstance(module_of(node, modules), (*WEIGHT_LAYERS, nn.MultiheadAttention))
+    """A weight layer (Linear/Conv, or a module whose 2-D weight acts as one: ``transformers``' Conv1D) or a
+    multi-head attention, each one call of a leaf module."""
+    return isinstance(module_of(node, modules), (*WEIGHT_LAYERS, nn.MultiheadAttention)) or \
+        (node.op == "call_module" and node.meta.get(WEIGHT_KIND) in ("linear", "transposed"))
+
+
+def is_lookup(node: fx.Node) -> bool:
+    """A call of an embedding table (ids in, rows out): it holds a matrix but is no weight layer of a branch."""
+    return node.op == "call_module" and node.meta.get(WEIGHT_KIND) == "lookup"
+
+
+# node.meta key set by the recorder on calls of other childless modules with a 2-D ``weight``: "linear" when
+# it maps the input's last dim like ``nn.Linear`` (weight out x in), "transposed" when like ``transformers``'
+# Conv1D (weight in x out), "lookup" for an embedding table indexed by ids, absent when its shape says neither.
+WEIGHT_KIND = "fixup_weight_kind"
 
 
 def is_norm(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
@@ -191,157 +203,47 @@ def _transformer(t: nn.Transformer, src: Any, tgt: Any, src_mask: Any = None, tg
                      tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
 
 
-# Module types whose structure is known and traced through with these forwards.
-STRUCTURES: dict[type[nn.Module], Callable[..., Any]] = {
-    nn.TransformerEncoderLayer: _encoder_layer,
-    nn.TransformerDecoderLayer: _decoder_layer,
-    nn.TransformerEncoder: _encoder,
-    nn.TransformerDecoder: _decoder,
-    nn.Transformer: _transformer,
-}
+class _SlowEncoderLayer(nn.TransformerEncoderLayer):
+    """``nn.TransformerEncoderLayer`` that always runs its documented non-fast-path computation."""
+
+    forward = _encoder_layer
 
 
-def _raw_attr(root: nn.Module, target: str) -> Any:
-    """``root.<target>`` read from the modules' own dictionaries (fx patches ``getattr`` while tracing)."""
-    obj: Any = root
-    *path, last = target.split(".")
-    for part in path:
-        obj = obj.__dict__["_modules"][part] if part in obj.__dict__.get("_modules", {}) else \
-            object.__getattribute__(obj, part)
-    for store in ("_parameters", "_buffers", "_modules"):
-        if last in obj.__dict__.get(store, {}):
-            return obj.__dict__[store][last]
-    return object.__getattribute__(obj, last)
+class _SlowDecoderLayer(nn.TransformerDecoderLayer):
+    forward = _decoder_layer
 
 
-_UNKNOWN = object()
-_VALUE = "fixup_value"  # node.meta key: the node's value on the example input, while tracing
+class _SlowEncoder(nn.TransformerEncoder):
+    forward = _encoder
 
 
-class AdaptTracer(fx.Tracer):
-    """torch.fx tracer that keeps weight layers, norms, attention and scalars as leaves.
+class _SlowDecoder(nn.TransformerDecoder):
+    forward = _decoder
 
-    Given example inputs it also computes every node's value on them as it goes, so that Python
-    control flow on traced values (``if x.shape[1] > n:``, a loop over a tensor) takes the branch the
-    example takes instead of failing; each such decision is recorded in ``fixed``.
+
+class _SlowTransformer(nn.Transformer):
+    forward = _transformer
+
+
+_SLOW = {nn.TransformerEncoderLayer: _SlowEncoderLayer, nn.TransformerDecoderLayer: _SlowDecoderLayer,
+         nn.TransformerEncoder: _SlowEncoder, nn.TransformerDecoder: _SlowDecoder, nn.Transformer: _SlowTransformer}
+
+
+def slow_path_(model: nn.Module) -> list[str]:
+    """Give each stock Transformer module of ``model`` (a private copy) the class of the same name in this
+    module, a subclass whose forward is the documented non-fast-path computation; return their names.
+
+    The fused fast path reads the norms' ``eps`` and ``weight`` directly and the encoder may convert to
+    nested tensors, so neither would run once the norms are replaced; the subclass keeps every attribute,
+    parameter name and method of the original.
     """
-
-    def __init__(self, leaf_modules: tuple[type[nn.Module], ...] = (),
-                 example: tuple[Any, ...] | None = None) -> None:
-        super().__init__(autowrap_functions=(residual_add,))
-        self.proxy_buffer_attributes = True  # buffers (position tables, masks) are graph inputs, not constants
-        self.extra_leaves = leaf_modules
-        self.example, self._next_input = example, 0
-        self.fixed: list[str] = []
-        self._evaluating = False
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if type(m) in STRUCTURES:
-            return False
-        if isinstance(m, (*WEIGHT_LAYERS, *NORM_LAYERS, nn.MultiheadAttention, Bias, Scale, *self.extra_leaves)):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
-        if self._evaluating:  # computing an example value: run the module, record nothing
-            return forward(*args, **kwargs)
-        structure = STRUCTURES.get(type(m))
-        if structure is not None:
-            def forward(*a: Any, **k: Any) -> Any:
-                return structure(m, *a, **k)
-        return super().call_module(m, forward, args, kwargs)
-
-    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
-        if self._evaluating:  # computing an example value: the real parameter, not a proxy
-            return attr_val
-        return super().getattr(attr, attr_val, parameter_proxy_cache)
-
-    def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     name: str | None = None, type_expr: Any = None, proxy_factory_fn: Any = None) -> fx.Proxy:
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
-        if self.example is not None:
-            proxy.node.meta[_VALUE] = self._evaluate(proxy.node)
-        return proxy
-
-    def _evaluate(self, node: fx.Node) -> Any:
-        if node.op == "placeholder":
-            if self._next_input < len(self.example):
-                self._next_input += 1
-                return self.example[self._next_input - 1]
-            return node.args[0] if node.args else _UNKNOWN
-        if node.op == "get_attr":
-            return _raw_attr(self.root, str(node.target))
-        unknown = False
-
-        def value(n: fx.Node) -> Any:
-            nonlocal unknown
-            v = n.meta.get(_VALUE, _UNKNOWN)
-            unknown = unknown or v is _UNKNOWN
-            return v
-
-        args, kwargs = fx.node.map_arg(node.args, value), fx.node.map_arg(node.kwargs, value)
-        if unknown:
-            return _UNKNOWN
-        self._evaluating = True
-        try:
-            if node.op == "call_module":
-                return self.root.get_submodule(str(node.target))(*args, **kwargs)
-            if node.op == "call_function":
-                return node.target(*args, **kwargs)
-            if node.op == "call_method":
-                return getattr(args[0], str(node.target))(*args[1:], **kwargs)
-        except Exception:  # a value we cannot compute only matters if control flow needs it
-            return _UNKNOWN
-        finally:
-            self._evaluating = False
-        return _UNKNOWN
-
-    def to_bool(self, obj: fx.Proxy) -> bool:
-        value = obj.node.meta.get(_VALUE, _UNKNOWN)
-        if value is _UNKNOWN:
-            return super().to_bool(obj)
-        self.fixed.append(f"{obj.node.name} = {bool(value)}")
-        return bool(value)
-
-    def iter(self, obj: fx.Proxy) -> Any:
-        value = obj.node.meta.get(_VALUE, _UNKNOWN)
-        if value is _UNKNOWN or not hasattr(value, "__len__"):
-            return super().iter(obj)
-        self.fixed.append(f"iteration over {obj.node.name} ({len(value)} items)")
-        return iter([obj[i] for i in range(len(value))])
-
-
-def trace(model: nn.Module, example: tuple[Any, ...],
-          leaf_modules: tuple[type[nn.Module], ...] = ()) -> tuple[fx.Graph, list[str]]:
-    """Trace ``model.forward`` called with the positional ``example`` inputs; later arguments keep their
-    defaults. Returns the graph and the control-flow decisions the example fixed.
-
-    ``model`` must be a private copy: if it is itself a stock Transformer module its class is swapped
-    for a subclass whose forward is the traceable one. Raises ``ValueError`` naming the failure and
-    what to do when torch.fx cannot trace the model.
-    """
-    structure = STRUCTURES.get(type(model))
-    if structure is not None:  # the root itself is a stock Transformer module: trace its known structure
-        model.__class__ = type(type(model).__name__, (type(model),), {"forward": structure})
-    params = list(inspect.signature(model.forward).parameters.values())
-    concrete = {p.name: p.default for p in params[len(example):]
-                if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
-    tracer = AdaptTracer(leaf_modules, example)
-    try:
-        with torch.no_grad():
-            graph = tracer.trace(model, concrete_args=concrete or None)
-    except Exception as err:  # fx raises many types (TraceError, TypeError, RuntimeError) on untraceable code
-        raise ValueError(
-            f"torch.fx could not trace {type(model).__name__}: {type(err).__name__}: {err}. Pass the submodule "
-            "types that fx cannot trace through as leaf_modules=(...) (they are then kept whole and not searched "
-            "for residual branches), or adapt a submodule that fx can read."
-        ) from err
-    for node in graph.nodes:
-        node.meta.pop(_VALUE, None)
-        if isinstance(node.type, str):  # a postponed annotation ("torch.Tensor") would not pickle
-            node.type = None
-    return graph, tracer.fixed
+    swapped = []
+    for name, mod in model.named_modules():
+        slow = _SLOW.get(type(mod))
+        if slow is not None:
+            mod.__class__ = slow
+            swapped.append(name or type(model).__name__)
+    return swapped
 
 
 def data_inputs(node: fx.Node) -> list[fx.Node]:

@@ -1,0 +1,200 @@
+"""Fixup for models written elsewhere: find the residual branches, take out normalisation, apply the rule.
+
+``fixup.adapt(model, example_input)`` runs the model once on the example input and records what it
+computes, module by module (:mod:`fixup._adapt._record`); finds every residual sum
+``y = shortcut(x) + F(x)`` in the record (:mod:`fixup._adapt._graph`); and returns a copy of the model,
+of the same class, in which (:mod:`fixup._adapt._rewrite`)
+
+* each BatchNorm/GroupNorm/LayerNorm/InstanceNorm is a scalar :class:`fixup.Bias` where it stood before
+  an activation or inside a branch, and is removed on the residual stream and on shortcuts; a fused
+  norm+activation module keeps its activation;
+* every branch has a scalar multiplier after its last weight layer (or its own layer scale) and scalar
+  biases before its weight layers and activations (Fixup, section 3, rule 3), and the classifier a bias;
+* the blocks declare their branches and the model its classifier, so that :func:`fixup.fixup_init_`
+  does the counting (L, m per branch, the factors, the zeroed layers).
+
+Its methods, attributes and the ``state_dict`` keys of every weight layer stay as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from ..branch import Branch, WeightSlice, find_branches
+from ..init import fixup_init_
+from ..report import warn_report
+from . import _vocab as V
+from ._graph import AdaptError, analyse
+from ._record import Recording, record
+from ._report import AdaptReport, NormChange, ResidualRecord
+from ._rewrite import Rewriter
+from ._weights import WeightsLoaded, load_original, untie_
+
+__all__ = ["AdaptError", "AdaptReport", "NormChange", "ResidualRecord", "WeightsLoaded", "adapt", "load_original"]
+
+
+def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
+    return (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
+
+
+def _in_mode(model: nn.Module, training: bool, fn: Any) -> Any:
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.train(training)
+        return fn()
+    finally:
+        for m, mode in modes.items():
+            m.train(mode)
+
+
+def _signature(rec: Recording) -> list[tuple[str, str]]:
+    return [(n.op, V._name(n)) for n in rec.graph.nodes]
+
+
+def _data_reads(rec: Recording) -> list[str]:
+    """Reads of tensor values into Python (``if x.sum() > 0``) of values that depend on an input or a parameter."""
+    depends: dict[fx.Node, bool] = {}
+    for n in rec.graph.nodes:
+        depends[n] = n.op == "placeholder" or (n.op == "get_attr" and bool(n.meta.get("param"))) or \
+            any(depends.get(p, False) for p in V.data_inputs(n))
+    return [where for node, where in rec.value_reads if depends.get(node, False)]
+
+
+def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: list[tuple[str, Branch]]) -> None:
+    """Run the adapted model on the example input: every branch's last layer must output exactly zero (rule 1)."""
+    nonzero: list[str] = []
+
+    def check(name: str) -> Any:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            out = out[0] if isinstance(out, tuple) else out
+            if torch.count_nonzero(out):
+                nonzero.append(name)
+        return hook
+
+    hooks = []
+    for name, b in branches:
+        last = b.layers[-1]
+        hooks.append((last.module if isinstance(last, WeightSlice) else last).register_forward_hook(check(name)))
+    try:
+        with torch.no_grad():
+            model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    if nonzero:
+        raise AdaptError(f"after initialisation the branches {nonzero} do not output zero on the example input; "
+                         "their last operation is not the zeroed weight layer. Please report this model.")
+
+
+def adapt(
+    model: nn.Module,
+    example_input: Tensor | Sequence[Tensor],
+    *,
+    strict: bool = True,
+    untie_weights: bool = True,
+    state_dict: Mapping[str, Tensor] | None = None,
+    generator: torch.Generator | None = None,
+    mode: str = "fan_out",
+    leaf_modules: tuple[type[nn.Module], ...] = (),
+    **init_options: Any,
+) -> tuple[nn.Module, AdaptReport]:
+    """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
+
+    Args:
+        model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
+        example_input: a tensor, or a tuple of the forward's positional tensors (token ids for a language
+            model); the model runs on it once per mode to record its computation, and once adapted to check
+            that every branch starts at zero and no activation was lost.
+        strict: raise :class:`AdaptError` on anything that cannot be attributed (a residual sum with weight
+            layers on both sides, a weight layer shared between branches, a branch that does not end in a
+            weight layer) and on decisions taken on tensor values (``if x.sum() > 0:``), which the adapted
+            model could not be trusted to take alike. With ``strict=False`` those sums are left out of L and
+            each problem is a warning in the report.
+        untie_weights: give a layer Fixup zeroes or rescales its own weight where it is tied to another
+            module's (GPT-2's ``lm_head`` and ``wte``), with a :class:`fixup.FixupWarning`; ``False`` makes a
+            tied weight an error instead. Never is an embedding zeroed through its tied classifier.
+        state_dict: the original model's weights to load after the initialisation: every entry that still
+            exists with the same name and shape; the report lists what was loaded and dropped (see
+            :func:`load_original`, which does the same on an adapted model later).
+        generator, mode, init_options: passed to :func:`fixup.fixup_init_` (the random draws, the fan
+            convention, e.g. ``base="xavier"``).
+        leaf_modules: module types to record whole (never searched for branches).
+    """
+    args = _inputs(example_input)
+    name = type(model).__name__
+    source = copy.deepcopy(model)
+    swapped = V.slow_path_(source)
+    # The analysis uses eval mode (no dropout or stochastic depth draws); train mode is recorded to compare.
+    rec = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    try:
+        other: Recording | None = _in_mode(source, True, lambda: record(source, args, leaf_modules))
+    except ValueError:
+        other = None  # e.g. BatchNorm refuses a batch of one in train mode; nothing to compare
+    modules = dict(source.named_modules())
+    nonlinear_before = rec.nonlinearities(modules)
+    analysis = analyse(rec.graph, modules)
+    problems = [str(p) for p in analysis.problems]
+    reads = _data_reads(rec)
+    problems += [f"the forward takes a decision on tensor values ({r}); the adapted model would only take the "
+                 "same branch for other inputs by chance. Compute it from shapes, or move it out of forward"
+                 for r in reads]
+    if problems and strict:
+        raise AdaptError(f"fixup.adapt cannot account for {name} without miscounting:\n  - "
+                         + "\n  - ".join(problems)
+                         + "\nChange the model, or pass strict=False to adapt the residual sums it can attribute "
+                           "and get the rest as warnings.")
+    if not analysis.residuals:
+        raise AdaptError(f"fixup.adapt found no residual sum y = x + F(x) with a weight layer on F in {name}; "
+                         "Fixup applies to residual networks only")
+    rw = Rewriter(source, rec.graph, analysis, rec.calls)
+    rw.norms_out()
+    declared: dict[str, list[Branch]] = {}
+    pairs = []
+    for r in analysis.residuals:
+        container, branch = rw.branch(r)
+        declared.setdefault(container, []).append(branch)
+        pairs.append((r, branch))
+    classifier = rw.classifier(analysis.classifier)
+    names = {id(m): n for n, m in source.named_modules()}
+    touched = [layer.module if isinstance(layer, WeightSlice) else layer
+               for _, b in pairs for layer in [*b.layers, *([b.shortcut] if b.shortcut is not None else [])]]
+    untied = untie_(source, [*touched, *classifier], names, untie_weights)
+    rw.declare(declared, classifier)
+    report = fixup_init_(source, generator=generator, mode=mode, **init_options)
+    branch_names = {id(b): n for n, b in find_branches(source)}
+    _in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
+    after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    nonlinear_after = after.nonlinearities(dict(source.named_modules()))
+    if len(nonlinear_after) < len(nonlinear_before):
+        lost = [x for x in nonlinear_before if x not in nonlinear_after] or nonlinear_before[len(nonlinear_after):]
+        raise AdaptError(f"adapting {name} would lose {len(nonlinear_before) - len(nonlinear_after)} of its "
+                         f"{len(nonlinear_before)} non-linearities (e.g. {', '.join(lost[:3])}); it is not returned. "
+                         "Please report this model.")
+    loaded = load_original(source, state_dict) if state_dict is not None else WeightsLoaded()
+    residuals = [ResidualRecord(branch_names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
+                                [str(n.target) for n in r.layers], [str(n.target) for n in r.gates])
+                 for r, b in pairs]
+    notes = [*analysis.notes, *rw.notes]
+    if swapped:
+        notes.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented non-fast-path "
+                     "computation (a subclass of the same module), as the fused fast path reads the norms")
+    if other is not None and _signature(other) != _signature(rec):
+        notes.append("the forward computes differently in train mode than in eval mode (a Python branch on "
+                     "self.training other than dropout modules); the residual sums were found in eval mode")
+    new_warnings = [*problems, *untied, *notes]
+    if loaded.zeroed_overwritten:
+        new_warnings.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
+                            f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
+    data = dict(vars(report))
+    data["warnings"] = [*data["warnings"], *new_warnings]
+    result = AdaptReport(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
+                         nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
+                         layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
+                         weights_loaded=loaded.loaded, weights_dropped=loaded.dropped)
+    warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
+    return source, result

@@ -1,0 +1,155 @@
+"""Files written atomically and JSON read with errors that name the file: the one place for both.
+
+Every file the project writes (run folders, checkpoints, study stores, ``--json`` outputs) goes
+through :func:`atomic_write`: the bytes go to a temporary file beside the target
+(``.NAME.<pid>.tmp``), are flushed to disk and renamed over the target, so a crash or a kill
+mid-write never leaves a half-written file under the real name. :func:`remove_stale_temporaries`
+deletes the temporaries that a killed writer left behind. :func:`read_json` turns every way a JSON
+file can be unreadable into one :class:`ValueError` that names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["atomic_write", "check_output_dir", "check_output_file", "read_json", "remove_stale_temporaries", "to_json",
+           "write_json", "write_text"]
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path, mode: str = "w", *, previous: str | Path | None = None) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path`` for writing; on success flush it to disk and rename it over ``path``.
+
+    ``mode`` is ``"w"`` (text, UTF-8) or ``"wb"``. On an exception the temporary file is removed and
+    ``path`` is left as it was. The parent folder is created when missing. With ``previous``, the
+    file being replaced is first renamed to ``previous`` (so the last version stays beside the new one).
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    try:
+        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        if previous is not None and path.exists():
+            os.replace(path, previous)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_write(path) as fh:
+        fh.write(text)
+
+
+def to_json(data: Any) -> str:
+    """``data`` as indented JSON (non-JSON values as their ``str``), ending in a newline."""
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically (non-JSON values are written as their ``str``)."""
+    write_text(path, to_json(data))
+
+
+def read_json(path: str | Path, *, expect: type | tuple[type, ...] | None = None, what: str = "JSON file") -> Any:
+    """The JSON value in ``path``; a missing, unreadable or malformed file is an error naming it.
+
+    ``expect`` (e.g. ``dict``) also refuses a file whose top-level value has another type.
+    Raises :class:`FileNotFoundError` for a missing file and :class:`ValueError` for the rest.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder, not a file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{what} {path} is not readable JSON ({err})") from err
+    if expect is not None and not isinstance(data, expect):
+        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        raise ValueError(f"{what} {path} holds a JSON {type(data).__name__}, expected a {names}")
+    return data
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own temporaries from before are stale by definition: we write one file at a time
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete ``.NAME.<pid>.tmp`` files in ``folder`` whose writing process no longer runs; return them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in folder.iterdir():
+        m = _TEMPORARY.match(entry.name)
+        if m and entry.is_file() and not _alive(int(m.group("pid"))):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(path: str | Path, option: str = "--out-dir") -> Path:
+    """Refuse, before any work, a folder that cannot be created or written: empty, a file, or not writable."""
+    if str(path).strip() == "":
+        raise ValueError(f"{option} is empty; give a folder name (it is created when missing)")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is an existing file, not a folder; give a folder name")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise ValueError(f"{option} {path} cannot be created: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: {base} is not writable; choose a folder you can write to")
+    return path
+
+
+def check_output_file(path: str | Path, option: str = "--json") -> Path:
+    """Refuse, before any work, an output file that cannot be written: empty, a folder, or in a read-only place."""
+    if str(path).strip() == "":
+        raise ValueError(f"{option} is empty; give a file name")
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path} is not writable")
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise ValueError(f"{option} {path} cannot be created: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: {base} is not writable; choose a place you can write to")
+    return path

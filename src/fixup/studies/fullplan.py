@@ -1,0 +1,67 @@
+"""Full mode on a GPU: where the paper's data sets lie under one ``--data-dir``, and what a run will cost.
+
+``fixup reproduce --full --data-dir D`` reads the data in their standard published formats from::
+
+    D/cifar-10-python.tar.gz or D/cifar-10-batches-py/     CIFAR-10, the python archive (image studies)
+    D/iwslt14.de-en/{train,valid,test}.{de,en}            IWSLT'14 De-En, one sentence a line (translation)
+
+``--dry-run`` lists every cell, the data it needs and an estimate of GPU hours from the throughput
+model below; nothing runs.
+
+Throughput model (an assumption, stated in the output, not a measurement): one cost unit (one
+residual layer on one 8x8-equivalent example, forward and backward; :func:`fixup.studies._common.image_cost`)
+takes :data:`GPU_SECONDS_PER_UNIT` on one current data-centre GPU in fp32. It is derived from
+ResNet-110 on CIFAR-10 at 3,000 training images a second: 110 layers x 50,000 images x (32/8)^2 =
+8.8e7 units in 16.7 s. Translation cells carry their own cost in the same unit
+(:attr:`fixup.studies.grid.TranslationGrid.cost_per_cell`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .cells import Task
+from .grid import Grid
+
+__all__ = ["GPU_SECONDS_PER_UNIT", "THROUGHPUT_MODEL", "data_needed", "dry_run", "resolve_full_data"]
+
+GPU_SECONDS_PER_UNIT = 16.7 / (110 * 50_000 * 16)
+THROUGHPUT_MODEL = ("assumed: ResNet-110 trains on CIFAR-10 at 3,000 images/s on one GPU (fp32); every cell is "
+                    "scaled from it by depth x examples x pixels")
+
+CIFAR_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py")
+IWSLT_NAME = "iwslt14.de-en"
+
+
+def resolve_full_data(data_dir: str | Path) -> dict[str, str | None]:
+    """The data sets found under ``data_dir`` (``None`` where one is absent)."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--data-dir {root} is not a folder; full mode expects a folder holding "
+                                f"{' or '.join(CIFAR_NAMES)} and {IWSLT_NAME}/ (see docs/studies.md)")
+    cifar = next((root / n for n in CIFAR_NAMES if (root / n).exists()), None)
+    iwslt = root / IWSLT_NAME
+    return {"cifar10": None if cifar is None else str(cifar if cifar.suffix == ".gz" else root),
+            "iwslt": str(iwslt) if (iwslt / "train.de").exists() else None}
+
+
+def data_needed(task: Task, grid: Grid) -> str:
+    """The files a cell reads."""
+    train = task.cell.config.get("train", {})
+    if task.cell.study == "theory":
+        return "none (random batches)"
+    if task.cell.study == "translation":
+        return train.get("data_dir") or "the generated task (made on the fly)"
+    return f"{train.get('dataset', grid.data)}: {train.get('data_dir') or 'embedded'}"
+
+
+def dry_run(tasks: Sequence[Task], waiting: int, grid: Grid) -> dict[str, Any]:
+    """Every cell with the data it needs and its GPU hours under the throughput model, and the totals."""
+    cells = [{"cell": t.cell.key, "data": data_needed(t, grid), "cost": t.cell.cost,
+              "gpu_hours": t.cell.cost * GPU_SECONDS_PER_UNIT / 3600} for t in tasks]
+    mean = sum(c["gpu_hours"] for c in cells) / max(1, len(cells))
+    total = sum(c["gpu_hours"] for c in cells) + waiting * mean
+    return {"cells": cells, "waiting": waiting, "gpu_hours": total, "throughput_model": THROUGHPUT_MODEL,
+            "gpu_seconds_per_unit": GPU_SECONDS_PER_UNIT}

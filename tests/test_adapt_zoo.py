@@ -1,0 +1,245 @@
+"""``fixup.adapt`` on third-party models: transformers and torch classes, timm and torchvision architectures.
+
+For every model of tests/adapt_zoo.py: the adapted model is the same class, L and every branch's m match
+the count by hand, the factor is L^(-1/(2m-2)), no normalisation is left, no non-linearity is lost, the
+weight layers keep their state_dict keys and one SGD step on ``fixup.param_groups`` is finite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fixup
+from adapt_zoo import ZOO, Attention, Mlp, TimmConvNeXt, TimmRegNet, TimmViT
+from fixup import AdaptError, FixupWarning, adapt, branch_scale
+
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+def _params(name: str) -> list[object]:
+    entry = ZOO[name]
+    marks = [pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")] if entry.needs else []
+    return pytest.param(name, marks=marks, id=name.split(" ")[0] + f"-{entry.source.split(' ')[0]}")
+
+
+def _inputs(x: object) -> tuple[torch.Tensor, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _logits(out: object) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        if key in out:  # type: ignore[operator]
+            return out[key]  # type: ignore[index]
+    raise AssertionError(f"no logits in {type(out).__name__}")
+
+
+@pytest.mark.parametrize("name", [_params(n) for n in ZOO])
+def test_adapt_counts_each_model_as_written(name: str) -> None:
+    entry = ZOO[name]
+    torch.manual_seed(0)
+    original = entry.build()
+    example = _inputs(entry.example())
+    weight_keys = {f"{n}.weight" for n, m in original.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FixupWarning)
+        model, report = adapt(original, example)
+    assert isinstance(model, type(original)) and model is not original
+    assert report.num_branches == entry.L
+    assert {b.kind: b.m for b in report.branches} == entry.ms
+    assert all(b.factor == pytest.approx(branch_scale(entry.L, b.m)) for b in report.branches)
+    assert 0 < report.nonlinearities_before == report.nonlinearities_after
+    assert not any(isinstance(m, _NORMS) for m in model.modules())
+    assert weight_keys <= set(model.state_dict())
+    # It trains with fixup.param_groups: one SGD step at lr 0.1, momentum 0.9, finite.
+    model.train()
+    opt = torch.optim.SGD(fixup.param_groups(model, 0.1), lr=0.1, momentum=0.9)
+    out = _logits(model(*example))
+    loss = out.float().pow(2).mean() + out.float().mean()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def _encoder_layer(kind: str, dim: int = 32, heads: int = 4) -> nn.Module:
+    class Separate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            B, N, C = x.shape
+            q, k, v = (f(x).reshape(B, N, heads, C // heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+            return self.o(torch.softmax(q @ k.transpose(-1, -2) / (C // heads) ** 0.5, -1).matmul(v)
+                          .transpose(1, 2).reshape(B, N, C))
+
+    class MHA(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.attn = {"fused": lambda: Attention(dim, heads), "separate": Separate, "mha": MHA}[kind]()
+            self.mlp = Mlp(dim, 2 * dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    return nn.Sequential(Block(), Block(), Block(), nn.Linear(dim, 5))
+
+
+def test_attention_counts_the_same_however_it_is_written() -> None:
+    rows = {}
+    for kind in ("fused", "separate", "mha"):
+        _, report = adapt(_encoder_layer(kind), torch.randn(2, 6, 32))
+        rows[kind] = [(b.kind, b.m, round(b.factor, 12), len(b.scaled)) for b in report.branches]
+    assert rows["fused"] == rows["separate"] == rows["mha"]
+    assert rows["fused"][0] == ("attention", 4, round(6 ** (-1 / 6), 12), 3)
+
+
+def test_fused_qkv_is_declared_as_three_layers_with_their_own_fan() -> None:
+    _, report = adapt(_encoder_layer("fused"), torch.randn(2, 6, 32))
+    assert report.fused_qkv == ["0.attn.qkv", "1.attn.qkv", "2.attn.qkv"]
+    scaled = report.branches[0].scaled
+    assert [s.name for s in scaled] == [f"0.attn.qkv.weight[{a}:{a + 32}]" for a in (0, 32, 64)]
+    # Each slice is drawn as one 32x32 layer (He fan_out = 32), times 6^(-1/6).
+    assert all(s.std == pytest.approx((2 / 32) ** 0.5 * 6 ** (-1 / 6)) for s in scaled)
+
+
+def test_fused_norm_act_keeps_its_activation() -> None:
+    model, report = adapt(TimmRegNet(), torch.randn(2, 3, 32, 32))
+    relus = sum(isinstance(m, nn.ReLU) for m in model.modules())
+    assert relus == sum(isinstance(m, nn.ReLU) for m in TimmRegNet().modules())
+    assert report.nonlinearities_before == report.nonlinearities_after == 10  # stem, 2 per block, 1 after each sum
+    assert model.stages[0].conv1.bn.act is not None and isinstance(model.stages[0].conv1.bn, fixup.Bias)
+    assert all("keeps its drop, act" in n.why for n in report.norms_replaced if n.name.endswith("conv1.bn"))
+    assert hasattr(model, "forward_features")
+
+
+def test_a_fused_norm_computing_its_activation_as_a_function_is_refused() -> None:
+    class NormReLU(nn.BatchNorm2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(super().forward(x))
+
+    model = TimmRegNet()
+    model.stem.bn = NormReLU(8)
+    with pytest.raises(AdaptError, match=r"stem.bn \(NormReLU\) computes 'relu' itself.*child module"):
+        adapt(model, torch.randn(2, 3, 32, 32))
+
+
+def test_layer_scale_is_the_branch_multiplier() -> None:
+    model, report = adapt(TimmConvNeXt(), torch.randn(2, 3, 32, 32))
+    assert report.layer_scales == ["stages.0.1.gamma", "stages.1.1.gamma", "stages.1.2.gamma"]
+    assert all(torch.equal(model.get_submodule(n.rpartition(".")[0]).gamma, torch.ones(8 if "0." in n[:9] else 16))
+               for n in report.layer_scales)
+    assert all(b.has_scale for b in report.branches)
+    assert not any(isinstance(m, fixup.Scale) for m in model.stages.modules())  # no second multiplier
+    assert report.warnings == []
+    vit, vit_report = adapt(TimmViT(), torch.randn(2, 3, 32, 32))
+    assert vit_report.layer_scales == [f"blocks.{i}.ls{j}.gamma" for i in range(2) for j in (1, 2)]
+    assert torch.equal(vit.blocks[0].ls1.gamma, torch.ones(32))
+
+
+def test_tied_classifier_is_untied_with_a_warning_never_zeroing_the_embedding() -> None:
+    class TiedLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(50, 16)
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+            self.lm_head = nn.Linear(16, 50, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.wte(ids)
+            return self.lm_head(x + self.fc2(torch.relu(self.fc1(x))))
+
+    ids = torch.randint(0, 50, (2, 7))
+    original = TiedLM()
+    table = original.wte.weight.detach().clone()
+    with pytest.warns(FixupWarning, match=r"lm_head.weight was tied to wte.weight; untied"):
+        model, report = adapt(original, ids)
+    assert torch.equal(model.wte.weight, table) and torch.count_nonzero(model.lm_head.weight) == 0
+    assert model.lm_head.weight is not model.wte.weight and len(report.untied) == 1
+    with pytest.raises(AdaptError, match=r"lm_head.weight is the same parameter as wte.weight.*Untie it first"):
+        adapt(TiedLM(), ids, untie_weights=False)
+
+
+def test_a_decision_on_tensor_values_is_an_error_under_strict() -> None:
+    class Decides(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f, self.g, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                x = x + self.g(torch.relu(self.f(x)))
+            return self.head(x)
+
+    with pytest.raises(AdaptError, match=r"decision on tensor values \(__bool__ of gt in the root\)"):
+        adapt(Decides(), torch.ones(2, 8))
+    with pytest.warns(FixupWarning, match="decision on tensor values"):
+        _, report = adapt(Decides(), torch.ones(2, 8), strict=False)
+    assert report.num_branches == 1
+
+
+def test_original_weights_load_with_a_report_of_what_was_dropped() -> None:
+    original = TimmRegNet()
+    model, report = adapt(original, torch.randn(2, 3, 32, 32), state_dict=original.state_dict())
+    convs = [k for k in original.state_dict() if k.endswith("conv.weight")]
+    assert set(convs) <= set(report.weights_loaded)
+    assert all(torch.equal(model.state_dict()[k], original.state_dict()[k]) for k in convs)
+    assert any(d.startswith("stem.bn.running_mean: no such entry") for d in report.weights_dropped)
+    assert any(d.startswith("stem.bn.bias: shape (8,)") for d in report.weights_dropped)
+    assert any("no longer start at zero" in w for w in report.warnings)
+    # The same, later, on an adapted model:
+    fresh, _ = adapt(TimmRegNet(), torch.randn(2, 3, 32, 32))
+    loaded = fixup.load_original(fresh, original.state_dict())
+    assert loaded.loaded == report.weights_loaded and loaded.dropped == report.weights_dropped
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
+def test_gpt2_conv1d_and_tied_head() -> None:
+    entry = ZOO["gpt2 (GPT2LMHeadModel)"]
+    original = entry.build()
+    wte = original.transformer.wte.weight.detach().clone()
+    with pytest.warns(FixupWarning, match=r"lm_head.weight was tied to transformer.wte.weight; untied"):
+        model, report = adapt(original, entry.example())
+    assert torch.equal(model.transformer.wte.weight, wte) and torch.count_nonzero(model.lm_head.weight) == 0
+    assert model.config.tie_word_embeddings is False
+    attention = report.branches[0]
+    # transformers' Conv1D stores its weight (in, out): declared transposed, Q, K and V as three layers.
+    assert [s.name for s in attention.scaled] == [f"transformer.h.0.attn.c_attn.weight.T[{a}:{a + 32}]"
+                                                  for a in (0, 32, 64)]
+    assert attention.zeroed.name == "transformer.h.0.attn.c_proj.weight.T"
+    assert all(s.std == pytest.approx((2 / 32) ** 0.5 * 4 ** (-1 / 6)) for s in attention.scaled)
+
+
+def test_fixup_train_adapts_a_users_model(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from fixup.train import TrainConfig, fit
+
+    zoo = Path(__file__).with_name("adapt_zoo.py")
+    config = TrainConfig(adapt=f"{zoo}:TimmRegNet", channels=3, image_size=16, batch_size=64, max_updates=3,
+                         epochs=1, checkpoint=False, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FixupWarning)
+        result = fit(config, out_dir=None, progress=False)
+    assert result.outcome.status == "completed"
+    groups = {g["name"]: g for g in result.param_groups}
+    # The adapted model's scalars learn at lr/10, its 3 stream biases (bn of each block's conv3) share lr/10.
+    assert groups["scalars"]["lr"] == pytest.approx(0.01) and groups["stream_biases"]["lr"] == pytest.approx(0.01 / 3)

@@ -1,0 +1,183 @@
+"""The verdict rules of fixup.studies.claims, one test per rule, with constructed cell results; and the cases
+issue 17 found (a hidden divergence, verdicts from incomplete cells, a verdict against its own row)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fixup.studies import ablation, depth, make_grid, regularisation
+from fixup.studies.claims import (
+    DIRECTION,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    REPRODUCED,
+    UNRESOLVED,
+    VERDICTS,
+    Protocol,
+    judge,
+)
+from fixup.studies.evidence import Cells, cells_from_results, ci_halfwidth
+
+
+def C(*values: float, planned: int | None = None, **failed: int) -> Cells:
+    planned = planned if planned is not None else len(values) + sum(failed.values())
+    return Cells(planned, tuple(values), failed)
+
+
+def test_the_five_verdicts():
+    assert VERDICTS == (REPRODUCED, DIRECTION, NOT_REPRODUCED, UNRESOLVED, NOT_RUN)
+
+
+def test_rule1_missing_data_is_not_run():
+    j = judge({"Fixup": C(planned=3), "BatchNorm": C(0.9, 0.91, 0.9)}, holds=True, paper_scale=True)
+    assert j.verdict == NOT_RUN and "Fixup has no finished cell" in j.why
+
+
+def test_rule1_incomplete_seeds_never_give_a_verdict():
+    # every number agrees with the claim, but one planned seed never finished (issue 17: "± 0.000 (n=1)")
+    j = judge({"Fixup": C(0.9, planned=2), "x0.1": C(0.5, 0.52)}, holds=True, paper_scale=False)
+    assert j.verdict == NOT_RUN and "1 of 2 planned seeds finished" in j.why
+
+
+def test_rule2_a_failed_cell_of_a_method_that_should_train_refutes_and_is_named():
+    fx = C(0.964, diverged=1)  # issue 17's hidden divergence: ResNet-110 Fixup, one seed went to NaN
+    j = judge({"Fixup": fx, "BatchNorm": C(0.97, 0.96)}, holds=True, paper_scale=False, must_succeed=("Fixup",))
+    assert j.verdict == NOT_REPRODUCED and "Fixup diverged 1 of 2" in j.why
+    collapsed = judge({"Fixup": C(0.9, collapsed=1)}, holds=True, paper_scale=False, must_succeed=("Fixup",))
+    assert "collapsed 1 of 2" in collapsed.why  # any outcome other than completed, by its name
+    limited = judge({"Fixup": fx}, holds=False, paper_scale=False, must_succeed=("Fixup",), limit="4x the rate")
+    assert limited.verdict == UNRESOLVED and "diverged 1 of 2" in limited.why
+
+
+def test_rule3_holds_gives_reproduced_at_paper_scale_else_direction():
+    groups = {"Fixup": C(0.9, 0.91), "BatchNorm": C(0.92, 0.9)}
+    assert judge(groups, holds=True, paper_scale=True).verdict == REPRODUCED
+    assert judge(groups, holds=True, paper_scale=False).verdict == DIRECTION
+
+
+def test_rule4_not_reproduced_only_where_the_paper_effect_exceeds_the_interval():
+    tight = {"Fixup": C(0.900, 0.901, 0.899), "He": C(0.900, 0.902, 0.898)}
+    ci = ci_halfwidth(tight["Fixup"], tight["He"])
+    assert ci < 0.0054
+    j = judge(tight, holds=False, paper_scale=False, effect=0.0054, ci=ci)
+    assert j.verdict == NOT_REPRODUCED and "exceeds" in j.why
+
+
+def test_rule5_an_effect_inside_the_interval_cannot_be_resolved():
+    # issue 17: 360 test images and two seeds cannot resolve a 0.5-point gap
+    wide = {"Fixup": C(0.95, 0.97), "He": C(0.94, 0.97)}
+    ci = ci_halfwidth(wide["Fixup"], wide["He"])
+    j = judge(wide, holds=False, paper_scale=False, effect=0.0054, ci=ci)
+    assert j.verdict == UNRESOLVED and "within this setting's 95% interval" in j.why
+
+
+def test_rule5_a_stated_limit_of_the_setting_cannot_be_resolved():
+    j = judge({"Fixup": C(0.9, 0.91), "no rule 2": C(0.92, 0.93)}, holds=False, paper_scale=False,
+              effect=None, contrary=True, limit="at 32 layers rule 2's factor is mild")
+    assert j.verdict == UNRESOLVED and j.why == "at 32 layers rule 2's factor is mild"
+
+
+def test_rule4_a_qualitative_claim_is_refuted_only_by_the_opposite_beyond_the_interval():
+    groups = {"Fixup": C(0.8, 0.81), "no bias": C(0.9, 0.91)}
+    assert judge(groups, holds=False, paper_scale=False, contrary=True, ci=0.05).verdict == NOT_REPRODUCED
+    assert judge(groups, holds=False, paper_scale=False, contrary=False, ci=0.05).verdict == UNRESOLVED
+
+
+def test_failed_cells_are_never_dropped_silently_from_a_mean():
+    c = cells_from_results([{"outcome": "completed", "test_acc": 0.9}, {"outcome": "diverged", "test_acc": None},
+                            {"outcome": "collapsed", "test_acc": 0.1}], 4, lambda r: r["test_acc"])
+    assert c.stat.n == 1 and c.stat.n_total == 3 and c.present == 3 and not c.complete
+    text = c.format(1, 100, "%")
+    assert text == "90.0 ± 0.0% (n=1 of 4; collapsed 1 of 4, diverged 1 of 4, not finished 1 of 4)"
+    assert Cells(2, (), {"diverged": 2}).format() == "— (n=0 of 2; diverged 2 of 2)"
+    assert Cells.from_dict(c.to_dict()) == c
+
+
+def test_confidence_interval_uses_students_t():
+    a, b = C(1.0, 3.0), C(2.0, 2.0)  # std sqrt(2) and 0, n=2 each: df 2, t=4.303
+    assert ci_halfwidth(a, b) == pytest.approx(4.3027 * math.sqrt(2 / 2), rel=1e-3)
+    assert math.isinf(ci_halfwidth(C(1.0), C(2.0, 3.0)))  # one seed resolves nothing
+
+
+def test_protocol_names_every_difference_from_the_paper():
+    p = Protocol(model="ResNet-32 (resnet_cifar)", paper_model="ResNet-110 (resnet_cifar)", data="digits",
+                 steps=135, n=2, lr=0.1, batch=32, scalars="trained at 0.1x the rate")
+    text = p.describe()
+    assert "not the paper's ResNet-110" in text and "135 steps" in text and "n=2 seeds" in text
+    assert "per-example lr 4x the paper's" in text and "scalars trained at 0.1x" in text
+    assert p.to_dict()["lr_ratio"] == pytest.approx(4.0) and p.to_dict()["model_differs"]
+
+
+# --- the study rows issue 17 found wrong ------------------------------------------------------------------
+
+def _depth_record(method: str, d: int, seed: int, acc: float | None, outcome: str = "completed") -> dict:
+    return {"study": "depth", "method": method, "setting": {"depth": d}, "seed": seed, "config": {},
+            "result": {"outcome": outcome, "diverged": outcome == "diverged", "test_acc": acc}}
+
+
+def test_baselines_fail_is_not_direction_when_fixup_and_batchnorm_fail_there_too():
+    grid = make_grid("quick")
+    recs = [_depth_record(m, d, s, acc) for d in (10, 100, 1000) for s in (0, 1) for m, acc in (
+        ("fixup", 0.1 if d > 10 else 0.6), ("batchnorm", 0.2 if d > 10 else 0.7), ("lsuv", 0.1), ("sqrt2", 0.1),
+        ("he", 0.7 if d == 10 else None))]
+    recs = [r if r["result"]["test_acc"] is not None else {**r, "result": {"outcome": "diverged", "diverged": True,
+                                                                           "test_acc": None}} for r in recs]
+    rows = {r.claim: r for r in depth.claims(depth.summarise(recs, grid), grid)}
+    row = rows["depth_baselines_fail"]
+    assert row.verdict == UNRESOLVED and "Fixup or BatchNorm does not learn" in row.why
+    assert rows["depth_fixup_trains_deep"].verdict == UNRESOLVED  # BatchNorm itself at 20%: nothing to track
+    he = rows["no_norm_needs_small_rate"]
+    assert he.verdict == UNRESOLVED and "diverged 2 of 2" in he.ours  # BatchNorm does not learn at 100+ either
+    assert "Wide-ResNet width 1, depths 10-1,000, not the paper's" in row.scale and "45 steps" in row.scale
+
+
+def _cell(method: str, seed: int, acc: float | None, outcome: str = "completed", reg: str = "none",
+          loss: float = 0.3) -> dict:
+    ok = outcome == "completed"
+    return {"study": "regularisation", "method": method, "setting": {"reg": reg}, "seed": seed,
+            "config": {"train": {"lr": 0.1}},
+            "result": {"outcome": outcome, "diverged": outcome == "diverged", "history": [],
+                       "test_acc": acc if ok else None, "train_acc": acc if ok else None,
+                       "train_loss": loss if ok else None}}
+
+
+def test_resnet110_row_shows_the_divergence_and_gives_no_reproduction():
+    grid = make_grid("quick")
+    recs = [_cell("fixup", 0, 0.964), _cell("fixup", 1, None, "diverged"), _cell("batchnorm", 0, 0.97),
+            _cell("batchnorm", 1, 0.972), _cell("he", 0, 0.95), _cell("he", 1, 0.951)]
+    summary = regularisation.summarise(recs, grid)
+    row = {r.claim: r for r in regularisation.claims(summary, grid)}["cifar10_resnet110"]
+    assert row.verdict == NOT_REPRODUCED and "diverged 1 of 2" in row.ours and "diverged 1 of 2" in row.why
+    assert "ResNet-14 (resnet_cifar), not the paper's ResNet-110" in row.scale
+    md = regularisation.markdown(summary, grid)
+    assert "diverged 1 of 2" in md
+
+
+def test_six_epochs_cannot_show_fits_better_generalises_worse():
+    grid = make_grid("quick")
+    recs = [_cell(m, s, 0.97 + 0.001 * s, loss=0.1 + 0.01 * s) for m in ("fixup", "batchnorm") for s in (0, 1)]
+    row = {r.claim: r for r in regularisation.claims(regularisation.summarise(recs, grid), grid)}
+    assert row["fixup_fits_training_set"].verdict == UNRESOLVED and "6 epochs" in row["fixup_fits_training_set"].why
+    wrn = row["wrn_mixup_cutout"]
+    assert wrn.verdict == NOT_RUN and "Wide-ResNet-10 width 2" in wrn.scale and "not the paper's Wide-ResNet-28" in \
+        wrn.scale
+
+
+def test_ablation_rule2_at_32_layers_cannot_be_resolved_and_n1_gives_no_verdict():
+    grid = make_grid("quick")
+
+    def rec(method, seed, acc, loss=0.5):
+        return {"study": "ablation", "method": method, "setting": {"depth": 32}, "seed": seed, "config": {},
+                "result": {"outcome": "completed", "test_acc": acc, "train_loss": loss,
+                           "history": [{"train_loss": loss, "test_acc": acc}] * 3}}
+
+    recs = [rec("fixup", s, 0.86 + 0.01 * s) for s in (0, 1)] + [rec("fixup_no_depth_scale", s, 0.9 + 0.01 * s)
+                                                                 for s in (0, 1)]
+    recs += [rec("fixup_scale_x0.1", 0, 0.8, loss=2.0)]  # its second seed failed to finish
+    rows = {r.claim: r for r in ablation.claims(ablation.summarise(recs, grid), grid)}
+    assert rows["ablation_rule2_necessary"].verdict == UNRESOLVED and "32 layers" in rows[
+        "ablation_rule2_necessary"].why
+    assert rows["ablation_scale_x0.1"].verdict == NOT_RUN and "1 of 2 planned" in rows["ablation_scale_x0.1"].why
+    assert "scalars trained at 0.1x the rate" in rows["ablation_scale_x0.1"].scale

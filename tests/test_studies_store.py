@@ -1,0 +1,135 @@
+"""The study store validates every file it reads, a study folder is locked while a run holds it, and worker
+processes die with their parent, even when the parent is SIGKILLed (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fixup.studies import Cell, Store, Task, run_tasks
+
+HERE = Path(__file__).parent
+SRC = HERE.parent / "src"
+
+
+def value_cell(cell: Cell, work: Path) -> dict:
+    log = work.parents[len(cell.relpath().parts)] / "calls.log"
+    with open(log, "a") as fh:
+        fh.write(cell.key + "\n")
+    return {"value": cell.seed}
+
+
+def pid_cell(cell: Cell, work: Path) -> dict:
+    """Writes its worker's pid beside the store, then sleeps (a long cell)."""
+    (work.parents[len(cell.relpath().parts)] / f"pid-{os.getpid()}").write_text(str(os.getpid()))
+    time.sleep(cell.config.get("sleep", 60))
+    return {}
+
+
+def _one(tmp_path: Path) -> tuple[Store, Cell, Path]:
+    cell = Cell("s", "m", {"x": 1}, 0, config={"epochs": 1})
+    summary = run_tasks([Task(cell, value_cell)], tmp_path)
+    assert summary.ran == [cell.key]
+    store = Store(tmp_path)
+    return store, cell, store.cell_dir(cell)
+
+
+@pytest.mark.parametrize("content", ['{"study": "s", "method": "m", "setting": {"x": 1}, "seed": 0, "con', "{}", "[]",
+                                     '{"study": "s", "method": "m", "setting": {}, "seed": "0", "config": {}, '
+                                     '"result": {}}'])
+def test_a_bad_result_file_is_named_moved_aside_and_redone(tmp_path, content):
+    _store, cell, folder = _one(tmp_path)
+    (folder / "cell_result.json").write_text(content)
+    messages = []
+    summary = run_tasks([Task(cell, value_cell)], tmp_path, progress=lambda p, m: messages.append(m))
+    assert summary.ran == [cell.key], "the cell with a bad result must be redone"
+    assert len(summary.problems) == 1 and str(folder / "cell_result.json") in summary.problems[0]
+    assert any(m.startswith("PROBLEM") and "cell_result.json" in m for m in messages)
+    aside = list(folder.glob("cell_result.json.bad-*"))
+    assert len(aside) == 1 and aside[0].read_text() == content
+    assert json.loads((folder / "cell_result.json").read_text())["result"] == {"value": 0}
+    assert (tmp_path / "calls.log").read_text().split() == [cell.key, cell.key]
+
+
+def test_bad_records_are_left_out_of_the_summary_and_named(tmp_path):
+    store, _cell, folder = _one(tmp_path)
+    (folder / "cell_result.json").write_text("[]")
+    assert store.records() == [] and "cell_result.json" in store.problems[0]
+
+
+def test_a_corrupt_config_file_is_moved_aside_and_the_cell_runs(tmp_path):
+    cell = Cell("s", "m", {"x": 1}, 0, config={"epochs": 1})
+    folder = Store(tmp_path).cell_dir(cell)
+    folder.mkdir(parents=True)
+    (folder / "cell_config.json").write_text('{"study": "s", "conf')  # a run killed while writing it (by hand)
+    summary = run_tasks([Task(cell, value_cell)], tmp_path)
+    assert summary.ran == [cell.key] and not summary.failed
+    assert "cell_config.json" in summary.problems[0] and list(folder.glob("cell_config.json.bad-*"))
+    assert json.loads((folder / "cell_config.json").read_text())["config"] == {"epochs": 1}
+
+
+def test_a_locked_folder_refuses_a_second_run_naming_the_holder(tmp_path):
+    store = Store(tmp_path)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from fixup.studies import Store\n"
+            "with Store(sys.argv[2]).lock(): print('got it')\n")
+    with store.lock("fixup reproduce --quick"):
+        with store.lock():  # re-entrant in the process that holds it
+            pass
+        proc = subprocess.run([sys.executable, "-c", code, str(SRC), str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "StoreLockedError" in proc.stderr
+    assert f"pid {os.getpid()}" in proc.stderr and "fixup reproduce --quick" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code, str(SRC), str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "got it" in proc.stdout  # released
+
+
+def test_a_second_reproduce_on_a_held_folder_exits_2(tmp_path):
+    with Store(tmp_path).lock("fixup reproduce --tiny"):
+        proc = subprocess.run([sys.executable, "-m", "fixup", "reproduce", "--tiny", "--out", str(tmp_path)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"pid {os.getpid()}" in proc.stderr and "fixup reproduce --tiny" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "cells").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by init) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def test_workers_die_when_their_parent_is_killed(tmp_path):
+    script = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
+              "from test_studies_store import pid_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
+              "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 120}), pid_cell) for i in range(2)]\n"
+              f"run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 90
+        while len(pids := [int(p.read_text()) for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
+            assert proc.poll() is None and time.time() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)  # the parent only, not its process group
+        proc.wait()
+        deadline = time.time() + 15
+        while any(_alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a worker outlived its SIGKILLed parent"
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
