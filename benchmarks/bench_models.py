@@ -1,8 +1,10 @@
-"""Speed and memory of CIFAR ResNets under Fixup, BatchNorm and no normalisation, side by side.
+"""Speed and memory of every model family under Fixup, its bare form and BatchNorm/LayerNorm, side by side.
 
-The same benchmark as ``fixup bench`` (the code is fixup.bench), runnable from a checkout:
+The same benchmark as ``fixup bench`` (the code is fixup.bench), runnable from a checkout. The table of
+docs/performance.md (every family x 1 and 2 threads x eager and compiled) comes from
 
-    python benchmarks/bench_models.py --depths 20 56 110 --batch 128 --json bench.json
+    python benchmarks/bench_models.py --compile --variants none fixup norm fixup-folded --threads 1 2 --reps 3 \
+        --markdown --json bench.json
 
 See docs/performance.md for what is measured and how to read the ratios.
 """

@@ -88,10 +88,10 @@ STUDIES = [c for name in ("reproduce", "study depth") for c in [[*name.split(), 
 ]]] + [["reproduce", "--only", "nosuch"], ["study", "nosuch"], ["study"]]
 
 BENCH = [["bench", *c] for c in [
-    ["--depths", "21"], ["--depths", "0"], ["--depths", "-2"], ["--depths", "x"], ["--batch", "0"], ["--batch", "-1"],
+    ["--depth", "21"], ["--depth", "0"], ["--depth", "-2"], ["--depth", "x"], ["--batch", "0"], ["--batch", "-1"],
     ["--image-size", "0"], ["--image-size", "-1"], ["--warmup", "-1"], ["--reps", "0"], ["--device", "nosuch"],
-    ["--device", "cuda"], ["--variants", "nosuch"], ["--variants", "fixup"], ["--formats", "nosuch"],
-    ["--threads", "0"], ["--threads", "-1"], ["--seed", "x"], ["--json", DIR],
+    ["--device", "cuda"], ["--variants", "nosuch"], ["--variants", "fixup"], ["--families", "nosuch"],
+    ["--modes", "nosuch"], ["--threads", "0"], ["--threads", "-1"], ["--seed", "x"], ["--json", DIR],
 ]] + [["bench-deep", *c] for c in [
     ["--batch", "0"], ["--batch", "-1"], ["--steps", "0"], ["--steps", "-1"], ["--segments", "-1"],
     ["--segments", "x"], ["--segments", "1.5"], ["--timeout", "0"], ["--timeout", "-1"], ["--timeout", "nan"],

@@ -82,7 +82,8 @@ def test_translate_json(tmp_path):
 
 
 def test_bench_json(tmp_path):
-    data = _json(tmp_path, ["bench", "--depths", "8", "--variants", "none", "fixup", "--batch", "2", "--image-size",
-                            "8", "--warmup", "0", "--reps", "1", "--no-memory"])
+    data = _json(tmp_path, ["bench", "--families", "cifar", "--depth", "8", "--variants", "none", "fixup", "--batch",
+                            "2", "--image-size", "8", "--threads", "1", "--warmup", "0", "--reps", "1", "--no-memory",
+                            "--no-explain"])
     numbers = [v for r in data["rows"] for v in r.values() if isinstance(v, float)]
     assert numbers, "bench rows hold no numbers"

@@ -1,4 +1,5 @@
-"""Inference folding is exact: the folded model computes what the trained one does, with fewer scalars."""
+"""Inference folding is exact and complete: the folded model computes what the trained one does, and no
+Fixup scalar is left, for every family and every Fixup method."""
 
 from __future__ import annotations
 
@@ -6,38 +7,97 @@ import pytest
 import torch
 from torch import nn
 
-from fixup.fold import fold_after, fold_for_inference
+from fixup.fold import ShiftedConv2d, fold_after, fold_for_inference, fold_layer
+from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.nn import Bias, Scale
 from fixup.ops import set_lean
 
+FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]
+FAMILIES = {
+    "cifar-A": (dict(name="resnet_cifar", depth=14, shortcut="A"), "image"),
+    "cifar-B": (dict(name="resnet_cifar", depth=14, shortcut="B"), "image"),
+    "imagenet-basic": (dict(name="resnet_imagenet_tiny"), "image"),
+    "bottleneck": (dict(name="resnet_imagenet_bottleneck_tiny"), "image"),
+    "wide": (dict(name="wide_resnet", depth=16, width=2), "image"),
+    "transformer": (dict(name="transformer_tiny", d_model=32, ffn_dim=48, src_vocab=64, tgt_vocab=64), "text"),
+}
 
-def _trained_like(**kwargs) -> nn.Module:
-    """A model whose scalars are far from their initial values, as after training."""
-    model = create_model("resnet_cifar", depth=14, generator=torch.Generator().manual_seed(0), **kwargs)
+
+def _trained_like(family: str, method: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A model whose scalars are far from their initial values, as after training, and an input for it."""
+    kwargs, kind = FAMILIES[family]
+    kwargs = dict(kwargs)
+    model = create_model(kwargs.pop("name"), method=method, generator=torch.Generator().manual_seed(0), **kwargs)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    return model
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    if kind == "image":
+        return model, (torch.randn(3, 3, 17, 15, generator=gen),)  # odd sizes: borders on every side
+    tokens = torch.randint(3, 64, (2, 9), generator=gen)
+    tokens[0, -3:] = 0
+    return model, (tokens, tokens[:, :6])
 
 
-@pytest.mark.parametrize("shortcut", ["A", "B"])
-@pytest.mark.parametrize("lean", [True, False])
-def test_folded_model_equals_the_original(shortcut, lean):
-    model = set_lean(_trained_like(shortcut=shortcut), lean).eval()
+def _scalars(model: nn.Module) -> int:
+    return sum(isinstance(m, (Bias, Scale)) for m in model.modules())
+
+
+@pytest.mark.parametrize("method", FIXUP_METHODS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_folded_model_matches_to_1e5_relative_and_keeps_no_scalar(family, method, one_thread):
+    model, inputs = _trained_like(family, method)
+    model.eval()
+    scalars = _scalars(model)
     result = fold_for_inference(model)
-    x = torch.randn(3, 3, 16, 16)
     with torch.no_grad():
-        ref, out = model(x), result.model(x)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
-    blocks = 6  # depth 14: 2 blocks per stage
-    assert result.folded == 3 * blocks + 2  # b1b, scale, b2b per block; the stem's and the head's bias
-    assert result.kept == 2 * blocks  # b1a and b2a sit before padded convolutions
-    assert not any(isinstance(m, Scale) for m in result.model.modules())
-    assert sum(isinstance(m, Bias) for m in result.model.modules()) == result.kept
-    assert not result.model.training
-    assert any(isinstance(m, Scale) for m in model.modules())  # the original is untouched
+        ref, out = model(*inputs), result.model(*inputs)
+    error = (out - ref).abs().max().item() / ref.abs().max().item()
+    assert error <= 1e-5, f"{family}/{method}: folded output differs by {error:.2e} of the output's size"
+    assert (result.folded, result.kept, result.unsupported) == (scalars, 0, [])
+    assert _scalars(result.model) == 0 and not result.model.training
+    blocks = [m for m in result.model.modules() if callable(getattr(m, "lean_ready", None))]
+    assert blocks and all(b.lean_ready() for b in blocks)  # folded blocks still run their lean (in-place) forward
+    assert _scalars(model) == scalars  # the original is untouched
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_folding_does_not_depend_on_the_path_the_model_ran(lean, one_thread):
+    model, (x,) = _trained_like("cifar-B", "fixup")
+    model = set_lean(model, lean).eval()
+    result = fold_for_inference(model)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), model(x), rtol=1e-5, atol=1e-5 * model(x).abs().max().item())
+    assert fold_for_inference(result.model).folded == 0  # folding twice folds nothing more
+
+
+@pytest.mark.parametrize(("stride", "padding", "size"), [(1, 1, (9, 7)), (2, 1, (9, 8)), (2, 2, (6, 11)),
+                                                         (1, 0, (5, 5))])
+def test_fold_layer_shift_before_a_padded_convolution_is_exact(stride, padding, size):
+    conv = nn.Conv2d(3, 4, 3, stride, padding, bias=True)
+    shift, pre, scale, bias = torch.tensor([0.7]), torch.tensor([1.3]), torch.tensor([-0.4]), torch.randn(4)
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        ref = scale * conv(pre * (x + shift)) + bias[:, None, None]
+        folded = fold_layer(conv, shift=shift, pre_scale=pre, scale=scale, bias=bias)
+        assert isinstance(folded, ShiftedConv2d) == (padding > 0)
+        torch.testing.assert_close(folded(x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(folded(x), ref, rtol=1e-5, atol=1e-5)  # from the cached border
+
+
+def test_fold_layer_linear_and_its_errors():
+    lin = nn.Linear(5, 3, bias=False)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        ref = 2.0 * lin(0.5 * (x + 0.3)) + 0.1
+        folded = fold_layer(lin, shift=torch.tensor([0.3]), pre_scale=torch.tensor([0.5]), scale=torch.tensor([2.0]),
+                            bias=torch.tensor([0.1]))
+        torch.testing.assert_close(folded(x), ref)
+    with pytest.raises(ValueError, match="scalar or have 3 entries"):
+        fold_layer(lin, bias=torch.zeros(2))
+    with pytest.raises(ValueError, match="groups=1"):
+        fold_layer(nn.Conv2d(4, 4, 3, groups=2), shift=torch.tensor([1.0]))
 
 
 def test_fold_after_is_scale_then_bias_including_the_layer_bias():

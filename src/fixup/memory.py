@@ -15,10 +15,7 @@ The input batch and the optimiser's state are left out: they are the same for ev
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,26 +35,12 @@ def model_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
-    """Silence what native code writes to file descriptor 2 inside (the profiler's "USDT ... profiler_start"
-    lines, which no setting turns off); Python exceptions still propagate as usual."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _cpu_peak_increase(fn: Callable[[], Any]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from .profiling import quiet_profiler
+
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     kineto = getattr(prof.profiler, "kineto_results", None)
     if kineto is None:

@@ -1,26 +1,31 @@
 """Lean Fixup operations: the scalar biases and multiplier without extra saved activations.
 
-A straightforward Fixup block (Zhang, Dauphin & Ma, ICLR 2019, section 3, rule 3) computes
-``scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. Each ``x + b`` makes a new full-size
-tensor that the next convolution keeps for its backward pass, and ``x * scale`` keeps the
-convolution's output too: a ResNet-56 training step then holds about 2.4x the activations of the
-bare network (``fixup bench``).
+A straightforward Fixup branch (Zhang, Dauphin & Ma, ICLR 2019, section 3, rule 3) computes, e.g. for a
+basic block, ``scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b``. Each ``x + b`` makes a new
+full-size tensor that the next layer keeps for its backward pass, and ``x * scale`` keeps the layer's
+output too: a ResNet-56 training step then holds about 2.4x the activations of the bare network
+(``fixup bench``).
 
 The same function can be computed keeping only what the bare network keeps, by linearity:
 
-- a scalar bias before a convolution: ``conv(x + b, W) = conv(x, W) + b * conv(1, W)``, where
-  ``conv(1, W)`` is the convolution of an all-ones image, a per-channel map that is constant inside
-  the image and differs only at the zero-padded border. It equals ``conv(1, W.sum(1))`` over a
-  single channel, so it costs a convolution of one (1, 1, H, W) image. The big convolution then saves
-  ``x`` itself, which the previous ReLU already keeps.
-- a multiplier after a convolution: ``s * conv(u, W) = conv(u, s * W)``; autograd then finds
-  ``d/ds`` from the weight gradient, and the convolution's output need not be kept.
-- a scalar bias after a convolution, and the maps above, are added in place to the convolution's
-  fresh output, which no backward needs.
+- a scalar bias before a linear layer: ``W (x + b) = W x + b * W.sum(1)``, a per-feature bias;
+- a scalar bias before a convolution without padding (a 1x1 convolution): likewise
+  ``conv(x + b, W) = conv(x, W) + b * W.sum((1, 2, 3))``, a per-channel bias inside the convolution;
+- a scalar bias before a zero-padded convolution: ``conv(x + b, W) = conv(x, W) + b * conv(1, W)``, where
+  ``conv(1, W)`` is the convolution of an all-ones image, a per-channel map that is constant inside the
+  image and differs only at the zero-padded border. It equals ``conv(1, W.sum(1))`` over a single
+  channel, so it costs a convolution of one (1, 1, H, W) image. The big convolution then saves ``x``
+  itself, which the previous ReLU already keeps;
+- a multiplier after a layer: ``s * layer(u, W) = layer(u, s * W)``; autograd then finds ``d/ds`` from
+  the weight gradient, and the layer's output need not be kept;
+- a scalar bias after a layer, and the maps above, ride in the layer's bias or are added in place to
+  its fresh output, which no backward needs.
 
-Everything is ordinary autograd (no custom backward), so double backward, ``torch.compile`` and
-activation checkpointing work unchanged. The results equal the straightforward ones up to float
-rounding (tests/test_speed_ops.py compares outputs and gradients).
+These are generic helpers: each residual block owns its lean forward (``lean_forward``) and decides,
+by ``lean_ready()``, whether it applies; nothing here reads a block's attributes. Everything is ordinary
+autograd (no custom backward), so double backward, ``torch.compile`` and activation checkpointing work
+unchanged. tests/test_speed_ops.py and tests/test_lean_families.py compare outputs and gradients with
+the straightforward forward.
 """
 
 from __future__ import annotations
@@ -32,84 +37,13 @@ from torch.nn.modules import module as _module
 
 from .nn import Bias, Scale, check_residual_shapes
 
-__all__ = ["basic_block_lean_forward", "can_run_lean", "lean_conv2d", "lean_residual_relu_", "ones_response",
-           "set_lean"]
+__all__ = ["ShiftedConv2d", "conv_output_shape", "lean_conv2d", "lean_linear", "lean_residual_",
+           "lean_residual_relu_", "observed", "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
 
 
-def ones_response(weight: Tensor, size: tuple[int, int], stride: int | tuple[int, int] = 1,
-                  padding: int | tuple[int, int] = 0) -> Tensor:
-    """``conv2d(ones(1, C_in, H, W), weight)``: the response of a zero-padded convolution to a constant 1.
-
-    Computed as a single-channel convolution with the kernel summed over its input channels
-    (needs ``groups=1``). Returns shape (1, C_out, H_out, W_out).
-    """
-    ones = weight.new_ones((1, 1, *size))
-    return F.conv2d(ones, weight.sum(1, keepdim=True), None, stride, padding)
-
-
-def _shift_response(weight: Tensor, shift: Tensor, size: tuple[int, int], stride, padding) -> Tensor:
-    """``shift * ones_response(weight)``, with ``shift`` applied to the small summed kernel, so that
-    backward keeps that kernel and a one-channel image of ones rather than a (1, C_out, H, W) map."""
-    ones = weight.new_ones((1, 1, *size))
-    return F.conv2d(ones, weight.sum(1, keepdim=True) * shift, None, stride, padding)
-
-
-def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scale: Tensor | None = None,
-                bias: Tensor | None = None) -> Tensor:
-    """``scale * conv(x + shift) + bias`` computed keeping only ``x`` and the weight for backward.
-
-    ``shift`` and ``scale`` are scalars (shape (1,)) or None; ``bias`` is a scalar or a map that
-    broadcasts to the output from shape (1, C_out, H_out, W_out). ``conv``'s own bias, if any, is
-    added inside the convolution (so it is multiplied by ``scale``). The result is a fresh tensor that
-    no backward needs, so callers may change it in place (``relu_``, ``add_``).
-    """
-    if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-        raise ValueError(f"lean_conv2d supports groups=1 and zero padding given as numbers; got "
-                         f"groups={conv.groups}, padding={conv.padding!r}, "
-                         f"padding_mode={conv.padding_mode!r}. "
-                         "Call the module directly instead.")
-    weight = conv.weight if scale is None else conv.weight * scale
-    conv_bias = conv.bias
-    if conv_bias is not None and scale is not None:
-        conv_bias = conv_bias * scale
-    maps = []
-    if shift is not None:
-        maps.append(_shift_response(weight, shift, tuple(x.shape[-2:]), conv.stride, conv.padding))
-    if bias is not None and bias.numel() == 1 and not maps:
-        # A scalar after the convolution rides in the convolution's own per-channel bias: no extra pass.
-        post = bias.expand(weight.shape[0])
-        conv_bias = post if conv_bias is None else conv_bias + post
-    elif bias is not None:
-        maps.append(bias)
-    out = F.conv2d(x, weight, conv_bias, conv.stride, conv.padding, conv.dilation)
-    if not maps:
-        return out
-    for m in maps:
-        pairs = zip(reversed(m.shape), reversed(out.shape))
-        fits = m.dim() <= out.dim() and all(a in (1, b) for a, b in pairs)
-        if not fits:
-            raise ValueError(f"a bias map of shape {tuple(m.shape)} does not broadcast to the convolution's "
-                             f"output shape {tuple(out.shape)}; in a residual block this means the branch "
-                             "and the shortcut differ in shape: check the block's widths and strides")
-    add = maps[0] if len(maps) == 1 else maps[0] + maps[1]
-    return out.add_(add.to(out.dtype))
-
-
-def lean_residual_relu_(branch: Tensor, shortcut: Tensor, block: str = "residual block",
-                        output_scale: float = 1.0) -> Tensor:
-    """``relu(output_scale * (branch + shortcut))`` computed in place in ``branch``, a fresh tensor nobody saved.
-
-    Shapes of ``branch`` and ``shortcut`` must match exactly, as in :func:`fixup.nn.residual_add`.
-    """
-    check_residual_shapes(shortcut, branch, block)
-    branch = branch.add_(shortcut)
-    if output_scale != 1.0:
-        branch = branch.mul_(output_scale)
-    return branch.relu_()
-
-
-def _value(scalar: nn.Module) -> Tensor | None:
-    """The parameter of a Bias or Scale module, or None where the module is absent (nn.Identity)."""
+def scalar_value(scalar: nn.Module) -> Tensor | None:
+    """The parameter of a :class:`~fixup.nn.Bias` or :class:`~fixup.nn.Scale`, or None where the module is
+    absent (``nn.Identity``: the method has no such scalar)."""
     if isinstance(scalar, Bias):
         return scalar.bias
     if isinstance(scalar, Scale):
@@ -122,69 +56,211 @@ def _hooked(module: nn.Module) -> bool:
                 or module._backward_pre_hooks)
 
 
-_ZERO_PAD: list[type] = []  # ZeroPadShortcut, imported on first use (the models import this module)
+def observed(*modules: nn.Module) -> bool:
+    """Whether a hook watches any of ``modules`` (or every module: global hooks).
+
+    A block whose inner modules are observed (LSUV, the laboratory's probes) runs its straightforward
+    forward, so that the hooks see every module called as written.
+    """
+    if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
+            or _module._global_backward_pre_hooks):
+        return True
+    return any(_hooked(m) for m in modules)
 
 
-def _linear_shortcut(shortcut: nn.Module) -> bool:
-    """Identity, subsample-and-pad, or a Sequential of bias-free convolutions and identities; no hooks."""
-    if not _ZERO_PAD:
-        from .models.resnet_cifar import ZeroPadShortcut
-
-        _ZERO_PAD.append(ZeroPadShortcut)
-    parts = list(shortcut) if type(shortcut) is nn.Sequential else [shortcut]
-    return all(not _hooked(m) and (type(m) in (nn.Identity, _ZERO_PAD[0])
-                                   or (type(m) is nn.Conv2d and m.bias is None)) for m in parts)
-
-
-def _plain_conv(conv: nn.Module) -> bool:
-    return (type(conv) is nn.Conv2d and conv.groups == 1 and conv.padding_mode == "zeros"
+def plain_conv(conv: nn.Module) -> bool:
+    """An ``nn.Conv2d`` (or a folded :class:`ShiftedConv2d`) with one group and zero padding given as numbers."""
+    return (type(conv) in (nn.Conv2d, ShiftedConv2d) and conv.groups == 1 and conv.padding_mode == "zeros"
             and not isinstance(conv.padding, str))
 
 
-def can_run_lean(block: nn.Module) -> bool:
-    """Whether :func:`basic_block_lean_forward` computes exactly what ``block``'s modules would.
+def plain_linear(linear: nn.Module) -> bool:
+    """An ``nn.Linear`` (not a subclass)."""
+    return type(linear) is nn.Linear
 
-    It does where the block has no normalisation layer, its shortcut is linear (identity,
-    subsample-and-pad, a bias-free 1x1 projection), its convolutions are plain ``nn.Conv2d`` with zero
-    padding and one group, and nothing observes its inner modules: a forward hook (LSUV, the lab's
-    probes) must see every module called as written, so with hooks on the block's submodules, or
-    global module hooks, the block runs its straightforward path. Checked at every call (cheaply).
+
+def ones_response(weight: Tensor, size: tuple[int, int], stride: int | tuple[int, int] = 1,
+                  padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1) -> Tensor:
+    """``conv2d(ones(1, C_in, H, W), weight)``: the response of a zero-padded convolution to a constant 1.
+
+    Computed as a single-channel convolution with the kernel summed over its input channels
+    (needs ``groups=1``). Returns shape (1, C_out, H_out, W_out).
     """
-    if type(block.norm1) is not nn.Identity or type(block.norm2) is not nn.Identity:
-        return False
-    if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
-            or _module._global_backward_pre_hooks):
-        return False
-    inner = (block.conv1, block.conv2, block.bias1a, block.bias1b, block.bias2a, block.bias2b, block.scale,
-             block.relu, block.norm1, block.norm2, block.shortcut)
-    if any(_hooked(m) for m in inner):
-        return False
-    return _plain_conv(block.conv1) and _plain_conv(block.conv2) and _linear_shortcut(block.shortcut)
+    ones = weight.new_ones((1, 1, *size))
+    return F.conv2d(ones, weight.sum(1, keepdim=True), None, stride, padding, dilation)
 
 
-def basic_block_lean_forward(block: nn.Module, x: Tensor) -> Tensor:
-    """A :class:`fixup.models.resnet_cifar.BasicBlock`'s forward, keeping no tensor for its scalars.
+def _border_extent(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
+    """Output length, and how many leading and trailing outputs read the zero padding, along one axis."""
+    out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+    reads_pad = [i * s - p < 0 or i * s - p + d * (k - 1) > n - 1 for i in range(out)]
+    lead = next((i for i, r in enumerate(reads_pad) if not r), out)
+    trail = next((i for i, r in enumerate(reversed(reads_pad)) if not r), out)
+    return out, lead, min(trail, out - lead)
 
-    ``relu(c * (shortcut(x + b1a) + scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b))`` where
-    absent scalars are skipped, an identity shortcut carries ``x`` itself and ``c`` is the block's
-    ``output_scale``. Call only where :func:`can_run_lean` holds.
+
+class ShiftedConv2d(nn.Conv2d):
+    """``conv(x + shift)`` for a zero-padded convolution, computed as ``conv(x)`` plus a border correction.
+
+    The interior part of ``shift * conv(1)``, ``shift * W.sum((1, 2, 3))``, is already in ``bias`` (folded
+    by :func:`fold_layer`); ``forward`` adds ``shift * (conv(1) - W.sum((1, 2, 3)))`` to the output rows and
+    columns that read the padding, in place. The correction is cached per input size and recomputed when
+    the weight, bias or shift change (``_version``). For inference: under autograd the in-place slices are
+    correct but copy gradients, so train the unfolded model instead.
     """
-    b1a, b1b, b2a, b2b = (_value(m) for m in (block.bias1a, block.bias1b, block.bias2a, block.bias2b))
-    out = lean_conv2d(x, block.conv1, shift=b1a, bias=b1b).relu_()
-    post = b2b
-    if b1a is not None and not isinstance(block.shortcut, nn.Identity):
-        # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear (can_run_lean), so its
-        # response to the scalar is that of a single constant image, added with the branch's last bias.
-        response = block.shortcut(b1a.expand(1, *x.shape[1:]))
-        post = response if post is None else response + post
-    shortcut = block.shortcut(x)
-    # Check the residual shapes before the shortcut's response joins conv2's output map.
-    check_residual_shapes(shortcut, _conv_output_shape(block.conv2, out.shape), block.block_name)
-    out = lean_conv2d(out, block.conv2, shift=b2a, scale=_value(block.scale), bias=post)
-    return lean_residual_relu_(out, shortcut, block.block_name, block.output_scale)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("shift", torch.zeros(1))
+        self._borders: dict[tuple, list[tuple[tuple[slice, slice], Tensor]]] = {}
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, shift: Tensor) -> ShiftedConv2d:
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                  conv.dilation, conv.groups, conv.bias is not None, conv.padding_mode,
+                  device=conv.weight.device, dtype=conv.weight.dtype)
+        new.weight = conv.weight
+        new.bias = conv.bias
+        new.shift.copy_(shift.detach().reshape(1))
+        return new
+
+    def _pieces(self, size: tuple[int, int]) -> list[tuple[tuple[slice, slice], Tensor]]:
+        (ho, t, b), (wo, left, right) = (_border_extent(n, k, s, p, d) for n, k, s, p, d in
+                                          zip(size, self.kernel_size, self.stride, self.padding, self.dilation))
+        with torch.no_grad():
+            full = ones_response(self.weight, size, self.stride, self.padding, self.dilation)[0]
+            corr = (full - self.weight.sum((1, 2, 3))[:, None, None]) * self.shift  # zero inside the image
+        regions = [(slice(0, t), slice(0, wo)), (slice(ho - b, ho), slice(0, wo)),
+                   (slice(t, ho - b), slice(0, left)), (slice(t, ho - b), slice(wo - right, wo))]
+        return [(r, corr[:, r[0], r[1]].contiguous()) for r in regions
+                if r[0].stop > r[0].start and r[1].stop > r[1].start]
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        size = (x.shape[-2], x.shape[-1])
+        if torch.compiler.is_compiling():
+            pieces = self._pieces(size)
+        else:
+            key = (size, x.device, x.dtype, self.weight._version, self.shift._version,
+                   None if self.bias is None else self.bias._version)
+            pieces = self._borders.get(key)
+            if pieces is None:
+                pieces = self._pieces(size)
+                self._borders = {key: pieces}
+        for (rows, cols), piece in pieces:
+            out[:, :, rows, cols] += piece.to(out.dtype)
+        return out
 
 
-def _conv_output_shape(conv: nn.Conv2d, shape: torch.Size) -> torch.Size:
+def _padded(conv: nn.Conv2d) -> bool:
+    return any(p != 0 for p in conv.padding)
+
+
+def _channel_vector(t: Tensor, channels: int) -> Tensor | None:
+    """``t`` as a (channels,) vector where it is constant over everything but the channel axis
+    (a scalar, a (C,) vector, or shape (1, C, 1, 1)); None where it varies over positions."""
+    if t.numel() == 1:
+        return t.reshape(1).expand(channels)
+    if t.numel() == channels and (t.dim() == 1 or (t.dim() >= 2 and t.shape[1] == channels)):
+        return t.reshape(channels)
+    return None
+
+
+def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scale: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+    """``scale * conv(x + shift) + bias`` computed keeping only ``x`` and the weight for backward.
+
+    ``shift`` and ``scale`` are scalars (shape (1,)) or None; ``bias`` is a scalar, a per-channel vector
+    (shape (C_out,) or (1, C_out, 1, 1)) or a map that broadcasts to the output from shape
+    (1, C_out, H_out, W_out). ``conv``'s own bias, if any, is added inside the convolution (so it is
+    multiplied by ``scale``). Where nothing varies over positions (no shift, or a convolution without
+    padding) everything rides in the convolution's per-channel bias; otherwise one map is added in place.
+    The result is a fresh tensor that no backward needs, so callers may change it in place.
+    """
+    if type(conv) is ShiftedConv2d:  # a folded layer: its shift is inside; nothing more may be folded in
+        if shift is not None or scale is not None or bias is not None:
+            raise ValueError("lean_conv2d got scalars for a folded ShiftedConv2d, whose shift is already inside; "
+                             "fold every scalar of the block (fixup.fold_for_inference) or none")
+        return conv(x)
+    if not plain_conv(conv):
+        raise ValueError(f"lean_conv2d supports nn.Conv2d with groups=1 and zero padding given as numbers; got "
+                         f"{type(conv).__name__} with groups={conv.groups}, padding={conv.padding!r}, "
+                         f"padding_mode={conv.padding_mode!r}. Call the module directly instead.")
+    channels = conv.out_channels
+    weight = conv.weight if scale is None else conv.weight * scale
+    vector = conv.bias
+    if vector is not None and scale is not None:
+        vector = vector * scale
+    add = None  # a map varying over positions, added to the output in place
+    if shift is not None:
+        if _padded(conv):
+            # shift * conv(1, W), with the shift on the small summed kernel: backward keeps that kernel and a
+            # one-channel image of ones rather than a (1, C_out, H, W) map.
+            ones = weight.new_ones((1, 1, *x.shape[-2:]))
+            add = F.conv2d(ones, weight.sum(1, keepdim=True) * shift, None, conv.stride, conv.padding,
+                           conv.dilation)
+        else:
+            response = weight.sum((1, 2, 3)) * shift
+            vector = response if vector is None else vector + response
+    if bias is not None:
+        as_vector = _channel_vector(bias, channels)
+        if add is None and as_vector is not None:
+            vector = as_vector if vector is None else vector + as_vector
+        else:  # one map for all position-dependent terms: a single in-place addition and reduction
+            add = bias if add is None else add + bias
+    out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
+    if add is None:
+        return out
+    pairs = zip(reversed(add.shape), reversed(out.shape))
+    if add.dim() > out.dim() or not all(a in (1, b) for a, b in pairs):
+        raise ValueError(f"a bias map of shape {tuple(add.shape)} does not broadcast to the convolution's output "
+                         f"shape {tuple(out.shape)}; in a residual block this means the branch and the shortcut "
+                         "differ in shape: check the block's widths and strides")
+    return out.add_(add.to(out.dtype))
+
+
+def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, scale: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+    """``scale * linear(x + shift) + bias`` as one ``F.linear``: ``W' = s W``, ``c' = s (c + shift W.sum(1)) + bias``.
+
+    ``shift``, ``scale`` and ``bias`` are scalars (shape (1,)) or None (``bias`` may also be a vector of
+    ``out_features``). Backward keeps ``x`` and the (scaled) weight only; the output is fresh.
+    """
+    weight = linear.weight if scale is None else linear.weight * scale
+    vector = linear.bias
+    if vector is not None and scale is not None:
+        vector = vector * scale
+    if shift is not None:
+        response = weight.sum(1) * shift
+        vector = response if vector is None else vector + response
+    if bias is not None:
+        b = bias.expand(linear.out_features) if bias.numel() == 1 else bias
+        vector = b if vector is None else vector + b
+    return F.linear(x, weight, vector)
+
+
+def lean_residual_(branch: Tensor, shortcut: Tensor, block: str = "residual block", output_scale: float = 1.0,
+                   relu: bool = False) -> Tensor:
+    """``output_scale * (branch + shortcut)``, then ReLU if ``relu``, in place in ``branch``.
+
+    ``branch`` must be a fresh tensor that no backward keeps (the output of a lean layer). Shapes must match
+    exactly, as in :func:`fixup.nn.residual_add`.
+    """
+    check_residual_shapes(shortcut, branch, block)
+    branch = branch.add_(shortcut)
+    if output_scale != 1.0:
+        branch = branch.mul_(output_scale)
+    return branch.relu_() if relu else branch
+
+
+def lean_residual_relu_(branch: Tensor, shortcut: Tensor, block: str = "residual block",
+                        output_scale: float = 1.0) -> Tensor:
+    """``relu(output_scale * (branch + shortcut))`` in place in ``branch`` (see :func:`lean_residual_`)."""
+    return lean_residual_(branch, shortcut, block, output_scale, relu=True)
+
+
+def conv_output_shape(conv: nn.Conv2d, shape: torch.Size) -> torch.Size:
+    """The output shape of ``conv`` for an input of ``shape`` (N, C, H, W)."""
     size = [(n + 2 * p - d * (k - 1) - 1) // s + 1
             for n, p, d, k, s in zip(shape[-2:], conv.padding, conv.dilation, conv.kernel_size, conv.stride)]
     return torch.Size((shape[0], conv.out_channels, *size))

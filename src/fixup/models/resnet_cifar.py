@@ -14,9 +14,10 @@ from torch import Tensor, nn
 
 from ..baselines import initialise_
 from ..branch import Branch
+from ..fold import count_scalars, fold_layer
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, residual_add
-from ..ops import basic_block_lean_forward, can_run_lean
+from ..nn import Bias, Scale, check_residual_shapes, residual_add
+from ..ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
@@ -88,9 +89,71 @@ class BasicBlock(nn.Module):
         """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
         return self.norm2
 
+    def _scalars(self) -> tuple[Tensor | None, ...]:
+        """(b1a, b1b, b2a, b2b, scale): the parameters, None where the method has no such scalar."""
+        return tuple(scalar_value(m) for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale))
+
+    def _linear_shortcut(self) -> bool:
+        parts = list(self.shortcut) if type(self.shortcut) is nn.Sequential else [self.shortcut]
+        return all(type(m) in (nn.Identity, ZeroPadShortcut) or (type(m) is nn.Conv2d and m.bias is None)
+                   for m in parts)
+
+    def lean_ready(self) -> bool:
+        """Whether :meth:`lean_forward` computes exactly what the block's modules would.
+
+        It does without normalisation layers, with a linear shortcut (identity, subsample-and-pad, a
+        bias-free 1x1 projection), plain convolutions, and nothing observing the inner modules (hooks: LSUV,
+        the laboratory's probes must see every module called as written). Checked at every call (cheaply).
+        """
+        if type(self.norm1) is not nn.Identity or type(self.norm2) is not nn.Identity:
+            return False
+        inner = (self.conv1, self.conv2, self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale, self.relu,
+                 self.shortcut, *self.shortcut.modules())
+        return (plain_conv(self.conv1) and plain_conv(self.conv2) and self._linear_shortcut()
+                and not observed(*inner))
+
+    def _shortcut_response(self, b1a: Tensor) -> Tensor:
+        """``shortcut(x + b1a) - shortcut(x)``: the linear shortcut's response to a constant image, (1, C_out, 1, 1)."""
+        return self.shortcut(b1a.reshape(1, 1, 1, 1).expand(1, self.conv1.in_channels, 1, 1))
+
+    def lean_forward(self, x: Tensor) -> Tensor:
+        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`."""
+        b1a, b1b, b2a, b2b, s = self._scalars()
+        out = lean_conv2d(x, self.conv1, shift=b1a, bias=b1b).relu_()
+        post = b2b
+        if b1a is not None and not isinstance(self.shortcut, nn.Identity):
+            # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear, so its response to the
+            # scalar is a per-channel constant, added with the branch's last bias.
+            response = self._shortcut_response(b1a)
+            post = response if post is None else response + post
+        shortcut = self.shortcut(x)
+        # Check the residual shapes before the shortcut's response joins conv2's output.
+        check_residual_shapes(shortcut, conv_output_shape(self.conv2, out.shape), self.block_name)
+        out = lean_conv2d(out, self.conv2, shift=b2a, scale=s, bias=post)
+        return lean_residual_(out, shortcut, self.block_name, self.output_scale, relu=True)
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold every scalar into conv1 and conv2 (exact; see :mod:`fixup.fold`); returns how many folded.
+
+        Needs no normalisation layer and a linear shortcut; otherwise nothing is folded.
+        """
+        if not (type(self.norm1) is nn.Identity and type(self.norm2) is nn.Identity and self._linear_shortcut()):
+            return 0
+        b1a, b1b, b2a, b2b, s = self._scalars()
+        n = count_scalars(self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale)
+        post = b2b
+        if b1a is not None and not isinstance(self.shortcut, nn.Identity):
+            response = self._shortcut_response(b1a).reshape(-1)  # per output channel
+            post = response if post is None else response + post
+        self.conv1 = fold_layer(self.conv1, shift=b1a, bias=b1b)
+        self.conv2 = fold_layer(self.conv2, shift=b2a, scale=s, bias=post)
+        self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale = (nn.Identity() for _ in range(5))
+        return n
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.lean and can_run_lean(self):
-            return basic_block_lean_forward(self, x)
+        if self.lean and self.lean_ready():
+            return self.lean_forward(x)
         shifted = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
         out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))
@@ -149,6 +212,19 @@ class CifarResNet(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the stem's bias into conv1 and the head's into fc (the blocks fold themselves)."""
+        n = 0
+        if type(self.norm1) is nn.Identity:
+            n += count_scalars(self.bias1)
+            self.conv1 = fold_layer(self.conv1, bias=scalar_value(self.bias1))
+            self.bias1 = nn.Identity()
+        n += count_scalars(self.bias2)
+        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias2))
+        self.bias2 = nn.Identity()
+        return n
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.relu(self.bias1(self.norm1(self.conv1(x))))

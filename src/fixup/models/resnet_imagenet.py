@@ -31,8 +31,10 @@ from torch import Tensor, nn
 
 from ..baselines import initialise_
 from ..branch import Branch
+from ..fold import count_scalars, fold_layer
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
+from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 from .resnet_cifar import BasicBlock
@@ -78,6 +80,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, out_ch, 1, bias=False)
         self.norm3 = make_norm(norm, out_ch, norm_groups)
         self.relu = nn.ReLU(inplace=True)
+        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         self.shortcut: nn.Module = nn.Identity()
         if (stride, in_ch) != (1, out_ch):
@@ -95,7 +98,72 @@ class Bottleneck(nn.Module):
         """The branch's last normalisation layer (its gain is what zero_init_last_norm zeroes)."""
         return self.norm3
 
+    def _scalars(self) -> tuple[Tensor | None, ...]:
+        """(b1a, b1b, b2a, b2b, b3a, b3b, scale): the parameters, None where the method has no such scalar."""
+        return tuple(scalar_value(m) for m in (self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a,
+                                               self.bias3b, self.scale))
+
+    def _scalar_modules(self) -> tuple[nn.Module, ...]:
+        return self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a, self.bias3b, self.scale
+
+    def _plain_shortcut(self) -> bool:
+        """Identity, or a bias-free 1x1 projection without normalisation: a linear shortcut."""
+        if self.projection is None:
+            return type(self.shortcut) is nn.Identity
+        return (type(self.shortcut) is nn.Sequential and type(self.shortcut[1]) is nn.Identity
+                and plain_conv(self.projection) and self.projection.bias is None)
+
+    def lean_ready(self) -> bool:
+        """Whether :meth:`lean_forward` computes exactly what the block's modules would: no normalisation,
+        plain convolutions, a linear shortcut, and no hooks on the inner modules."""
+        if any(type(n) is not nn.Identity for n in (self.norm1, self.norm2, self.norm3)):
+            return False
+        convs = (self.conv1, self.conv2, self.conv3)
+        return (all(plain_conv(c) for c in convs) and self._plain_shortcut()
+                and not observed(*convs, *self._scalar_modules(), self.relu, *self.shortcut.modules()))
+
+    def _shortcut_response(self, b1a: Tensor) -> Tensor:
+        """``projection(x + b1a) - projection(x)``, per output channel: ``b1a * W.sum((1, 2, 3))`` (1x1, no padding)."""
+        return self.projection.weight.sum((1, 2, 3)) * b1a
+
+    def lean_forward(self, x: Tensor) -> Tensor:
+        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`.
+
+        conv1 and conv3 are 1x1 without padding, so their biases before and after ride in the convolution's
+        per-channel bias; only conv2's (3x3, zero-padded) shift adds a map.
+        """
+        b1a, b1b, b2a, b2b, b3a, b3b, s = self._scalars()
+        out = lean_conv2d(x, self.conv1, shift=b1a, bias=b1b).relu_()
+        out = lean_conv2d(out, self.conv2, shift=b2a, bias=b2b).relu_()
+        post = b3b
+        if b1a is not None and self.projection is not None:
+            response = self._shortcut_response(b1a)
+            post = response if post is None else response + post
+        out = lean_conv2d(out, self.conv3, shift=b3a, scale=s, bias=post)
+        shortcut = x if self.projection is None else self.projection(x)
+        return lean_residual_(out, shortcut, self.block_name, self.output_scale, relu=True)
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold every scalar into the three convolutions (exact; see :mod:`fixup.fold`); returns how many folded."""
+        if any(type(n) is not nn.Identity for n in (self.norm1, self.norm2, self.norm3)) or not self._plain_shortcut():
+            return 0
+        b1a, b1b, b2a, b2b, b3a, b3b, s = self._scalars()
+        n = count_scalars(*self._scalar_modules())
+        post = b3b
+        if b1a is not None and self.projection is not None:
+            response = self._shortcut_response(b1a)
+            post = response if post is None else response + post
+        self.conv1 = fold_layer(self.conv1, shift=b1a, bias=b1b)
+        self.conv2 = fold_layer(self.conv2, shift=b2a, bias=b2b)
+        self.conv3 = fold_layer(self.conv3, shift=b3a, scale=s, bias=post)
+        self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.bias3a, self.bias3b, self.scale = (
+            nn.Identity() for _ in range(7))
+        return n
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.lean and self.lean_ready():
+            return self.lean_forward(x)
         shifted = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
         out = self.relu(self.bias2b(self.norm2(self.conv2(self.bias2a(out)))))
@@ -149,6 +217,19 @@ class ImageNetResNet(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the stem's bias into conv1 and the head's into fc (the blocks fold themselves)."""
+        n = 0
+        if type(self.norm1) is nn.Identity:
+            n += count_scalars(self.bias1)
+            self.conv1 = fold_layer(self.conv1, bias=scalar_value(self.bias1))
+            self.bias1 = nn.Identity()
+        n += count_scalars(self.bias2)
+        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias2))
+        self.bias2 = nn.Identity()
+        return n
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bias1(self.norm1(self.conv1(x)))))

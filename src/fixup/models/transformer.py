@@ -17,164 +17,39 @@ forward pass) and are left alone by ``fixup_init_``, which lists them in its rep
 
 ``norm="layernorm"`` is the paper's baseline: post-norm (fairseq's default) or, with ``pre_norm=True``,
 pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers with biases.
+
+The config and the two residual blocks (each with its lean forward and its folding) live in
+:mod:`fixup.models.transformer_blocks`; this module assembles the encoder-decoder model.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..baselines import describe_init, initialise_
-from ..branch import Branch
+from ..fold import count_scalars, fold_layer
 from ..method import Method, as_method
-from ..nn import Bias, Scale, residual_add
+from ..nn import Bias, Scale
+from ..ops import scalar_value
 from ._common import check_method, name_blocks
 from ._registry import register_model
+from .transformer_blocks import (
+    TRANSFORMER_NORMS,
+    AttentionBlock,
+    Cache,
+    FeedForwardBlock,
+    TransformerConfig,
+    _maybe,
+    causal_mask,
+    sinusoidal_positions,
+)
 
 __all__ = ["TRANSFORMER_NORMS", "Transformer", "TransformerConfig", "causal_mask", "sinusoidal_positions"]
-
-TRANSFORMER_NORMS = ("fixup", "layernorm")
-
-Cache = dict[str, Tensor]
-
-
-@dataclass
-class TransformerConfig:
-    """Shape and regularisation of an encoder-decoder Transformer."""
-
-    src_vocab: int = 1000  # source vocabulary size (tokens, including specials)
-    tgt_vocab: int = 1000  # target vocabulary size; must equal src_vocab when share_embeddings
-    d_model: int = 512  # width of the residual stream
-    ffn_dim: int = 1024  # hidden width of the feed-forward branch
-    heads: int = 4  # attention heads; d_model must be divisible by it
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.3  # on embeddings and branch outputs; the paper picks from 0.3-0.6 (section 5)
-    attention_dropout: float = 0.0  # on attention probabilities
-    activation_dropout: float = 0.0  # after the feed-forward ReLU
-    norm: str = "fixup"  # "fixup" or "layernorm"
-    pre_norm: bool = False  # LayerNorm before each branch (only with norm="layernorm")
-    share_embeddings: bool = False  # one embedding table for source and target (joint vocabulary)
-    pad_id: int = 0  # padding token id, the same on both sides
-    max_positions: int = 1024  # longest sequence the sinusoidal table covers
-
-    def __post_init__(self) -> None:
-        if self.norm not in TRANSFORMER_NORMS:
-            raise ValueError(f"norm={self.norm!r} is not available for the Transformer; choose one of "
-                             f"{', '.join(TRANSFORMER_NORMS)}")
-        if self.pre_norm and self.norm != "layernorm":
-            raise ValueError(f"pre_norm=True places a LayerNorm before each branch; it needs "
-                             f"norm='layernorm', got norm={self.norm!r}")
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}; pick a "
-                             "head count that divides the width")
-        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
-            raise ValueError(f"share_embeddings needs one joint vocabulary, got src_vocab={self.src_vocab} "
-                             f"and tgt_vocab={self.tgt_vocab}; learn a joint vocabulary or set "
-                             "share_embeddings=False")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-
-
-def sinusoidal_positions(length: int, dim: int) -> Tensor:
-    """The (length, dim) table of Vaswani et al. (2017, section 3.5): sines, then cosines."""
-    half = dim // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / max(half - 1, 1))
-    angles = torch.arange(length, dtype=torch.float32)[:, None] * freq[None, :]
-    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
-    return F.pad(table, (0, dim - 2 * half))
-
-
-def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
-    """(length, length) boolean mask, True where position i may attend to j (j <= i)."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
-
-
-def _maybe(module: type[nn.Module], on: bool, *args) -> nn.Module:
-    return module(*args) if on else nn.Identity()
-
-
-class AttentionBlock(nn.Module):
-    """``x + F(x)`` with F multi-head attention of ``x`` over itself (causal or not) or over ``memory``."""
-
-    def __init__(self, cfg: TransformerConfig, kind: str, method: Method) -> None:
-        super().__init__()
-        fixup, d = method.fixup, cfg.d_model
-        self.kind, self.heads, self.block_name = kind, cfg.heads, kind
-        self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
-        self.bias_in, self.bias_out = _maybe(Bias, fixup and method.biases), _maybe(Bias, fixup and method.biases)
-        self.q, self.k, self.v, self.out = (nn.Linear(d, d, bias=not fixup) for _ in range(4))
-        self.scale = _maybe(Scale, fixup and method.scale)
-        self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
-        self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
-
-    def residual_branches(self) -> Sequence[Branch]:
-        biases = [b for b in (self.bias_in, self.bias_out) if isinstance(b, Bias)]
-        scale = self.scale if isinstance(self.scale, Scale) else None
-        return [Branch([self.q, self.k, self.v, self.out], self.kind, m=4, biases=biases, scale=scale)]
-
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, D = x.shape
-        return x.view(B, T, self.heads, D // self.heads).transpose(1, 2)  # (B, H, T, D/H)
-
-    def forward(self, x: Tensor, memory: Tensor | None = None, key_mask: Tensor | None = None,
-                causal: bool = False, cache: Cache | None = None) -> Tensor:
-        """``key_mask``: (B, S) True at real (non-padding) keys. ``cache`` holds keys and values of earlier
-        steps (self-attention) or of the memory (cross-attention) for incremental decoding."""
-        h = self.bias_in(self.pre_norm(x))
-        q = self._heads(self.q(h))
-        if cache is not None and "k" in cache and memory is not None:
-            k, v = cache["k"], cache["v"]  # cross-attention: the memory's keys and values never change
-        else:
-            src = h if memory is None else memory
-            k, v = self._heads(self.k(src)), self._heads(self.v(src))
-            if cache is not None:
-                if memory is None and "k" in cache:  # self-attention: append this step
-                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
-        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
-        is_causal = causal and (cache is None or q.shape[2] > 1)
-        if is_causal and mask is not None:
-            mask = mask & causal_mask(k.shape[2], x.device)[-q.shape[2]:]
-            is_causal = False
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           dropout_p=self.attention_dropout if self.training else 0.0)
-        a = a.transpose(1, 2).reshape(x.shape)  # (B, T, D)
-        out = self.scale(F.dropout(self.out(self.bias_out(a)), self.dropout, self.training))
-        return self.post_norm(residual_add(x, out, self.block_name))
-
-
-class FeedForwardBlock(nn.Module):
-    """``x + F(x)`` with F a two-layer ReLU network applied at every position."""
-
-    def __init__(self, cfg: TransformerConfig, method: Method) -> None:
-        super().__init__()
-        fixup, d = method.fixup, cfg.d_model
-        self.block_name, self.dropout, self.activation_dropout = "ffn", cfg.dropout, cfg.activation_dropout
-        self.bias1, self.bias2, self.bias3 = (_maybe(Bias, fixup and method.biases) for _ in range(3))
-        self.fc1 = nn.Linear(d, cfg.ffn_dim, bias=not fixup)
-        self.fc2 = nn.Linear(cfg.ffn_dim, d, bias=not fixup)
-        self.scale = _maybe(Scale, fixup and method.scale)
-        self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
-        self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
-
-    def residual_branches(self) -> Sequence[Branch]:
-        biases = [b for b in (self.bias1, self.bias2, self.bias3) if isinstance(b, Bias)]
-        scale = self.scale if isinstance(self.scale, Scale) else None
-        return [Branch([self.fc1, self.fc2], "ffn", biases=biases, scale=scale)]
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.bias2(self.fc1(self.bias1(self.pre_norm(x)))))
-        h = F.dropout(h, self.activation_dropout, self.training)
-        out = self.scale(F.dropout(self.fc2(self.bias3(h)), self.dropout, self.training))
-        return self.post_norm(residual_add(x, out, self.block_name))
-
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward: two residual branches."""
@@ -203,6 +78,10 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, causal=True, cache=self_cache)
         x = self.cross_attn(x, memory, src_mask, cache=cross_cache)
         return self.ffn(x)
+
+    def fold_memory_(self, scale: Tensor | None, shift: Tensor | None) -> None:
+        """The memory will arrive without ``scale * (memory + shift)``: the cross-attention takes it in."""
+        self.cross_attn.fold_memory_(scale, shift)
 
 
 class Transformer(nn.Module):
@@ -273,6 +152,21 @@ class Transformer(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.output]
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the model's own scalars: the encoder output's bias and multiplier into every cross-attention's
+        keys and values, the decoder output's bias into the output projection (the blocks fold themselves)."""
+        if type(self.encoder_norm) is not nn.Identity or type(self.decoder_norm) is not nn.Identity:
+            return 0
+        shift, scale = scalar_value(self.encoder_bias), scalar_value(self.encoder_scale)
+        n = count_scalars(self.encoder_bias, self.encoder_scale, self.decoder_bias)
+        if shift is not None or scale is not None:
+            for layer in self.decoder:
+                layer.fold_memory_(scale, shift)
+        self.output = fold_layer(self.output, shift=scalar_value(self.decoder_bias))
+        self.encoder_bias, self.encoder_scale, self.decoder_bias = nn.Identity(), nn.Identity(), nn.Identity()
+        return n
 
     def _embed(self, embed: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
         T = tokens.shape[1]

@@ -28,12 +28,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..baselines import initialise_
 from ..branch import Branch
+from ..fold import count_scalars, fold_layer
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
+from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
@@ -66,6 +69,7 @@ class WideBlock(nn.Module):
         self.scale = scalar(Scale, method.fixup and method.scale)
         self.bias2b = scalar(Bias, method.has_stream_bias)
         self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
+        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
         self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False) if (stride, in_ch) != (1, out_ch) else None
 
     def residual_branches(self) -> Sequence[Branch]:
@@ -79,7 +83,75 @@ class WideBlock(nn.Module):
         """The last normalisation layer on the branch (zeroing its gain zeroes the branch)."""
         return self.norm2
 
+    def _scalar_modules(self) -> tuple[nn.Module, ...]:
+        return self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale
+
+    def _scalars(self) -> tuple[Tensor | None, ...]:
+        """(b1a, b1b, b2a, b2b, scale): the parameters, None where the method has no such scalar."""
+        return tuple(scalar_value(m) for m in self._scalar_modules())
+
+    def lean_ready(self) -> bool:
+        """Whether :meth:`lean_forward` computes exactly what the block's modules would: no normalisation,
+        plain convolutions, and no hooks on the inner modules."""
+        if type(self.norm1) is not nn.Identity or type(self.norm2) is not nn.Identity:
+            return False
+        convs = (self.conv1, self.conv2) + (() if self.projection is None else (self.projection,))
+        return (all(plain_conv(c) for c in convs) and type(self.dropout) in (nn.Identity, nn.Dropout)
+                and not observed(*convs, *self._scalar_modules(), self.relu, self.dropout))
+
+    def lean_forward(self, x: Tensor) -> Tensor:
+        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`.
+
+        ``relu(x + b1a)`` costs one addition more than the bare ``relu(x)`` (the shortcut needs ``x`` itself);
+        ``b1b`` rides in conv1's bias, ``b2a``, the multiplier and ``b2b`` in conv2. With dropout active
+        (training, p > 0) the shift before conv2 is applied to the tensor, as dropout(h + b2a) requires.
+        """
+        b1a, b1b, b2a, b2b, s = self._scalars()
+        a = F.relu(x) if b1a is None else (x + b1a).relu_()
+        h = lean_conv2d(a, self.conv1, bias=b1b).relu_()
+        p = self.dropout.p if isinstance(self.dropout, nn.Dropout) else 0.0
+        if self.training and p > 0:
+            h = F.dropout(h if b2a is None else h + b2a, p, True)
+            b2a = None
+        out = lean_conv2d(h, self.conv2, shift=b2a, scale=s, bias=b2b)
+        shortcut = x if self.projection is None else self.projection(a)
+        return lean_residual_(out, shortcut, self.block_name, self.output_scale)
+
+    def input_shift(self) -> Tensor | None:
+        """The bias added to the block's input before its first activation (``b1a``), or None."""
+        return scalar_value(self.bias1a)
+
+    @torch.no_grad()
+    def fold_(self, *, input_shifted: bool = False, next_shift: Tensor | None = None) -> int:
+        """Fold the scalars into conv1 and conv2 (exact; see :mod:`fixup.fold`); returns how many folded.
+
+        ``b1a`` sits on the residual stream before the activation, where no layer can take it. A model can
+        carry it on the stream instead: with ``input_shifted`` the block's input arrives as ``x + b1a`` (the
+        producer adds it), the block drops ``b1a``, and its output arrives shifted by ``next_shift`` (its
+        consumer's ``b1a``; conv2's bias takes the difference). Called alone, ``b1a`` is kept.
+        """
+        if type(self.norm1) is not nn.Identity or type(self.norm2) is not nn.Identity:
+            return 0
+        b1a, b1b, b2a, b2b, s = self._scalars()
+        n = count_scalars(*self._scalar_modules())
+        post = b2b
+        shift = None if next_shift is None else next_shift.reshape(1)
+        if input_shifted and b1a is not None and self.projection is None:
+            shift = -b1a if shift is None else shift - b1a  # the identity shortcut carries x + b1a
+        if shift is not None:
+            post = shift if post is None else post + shift
+        self.conv1 = fold_layer(self.conv1, bias=b1b)
+        self.conv2 = fold_layer(self.conv2, shift=b2a, scale=s, bias=post)
+        if not input_shifted:
+            n -= count_scalars(self.bias1a)
+        else:
+            self.bias1a = nn.Identity()
+        self.bias1b, self.bias2a, self.bias2b, self.scale = (nn.Identity() for _ in range(4))
+        return n
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.lean and self.lean_ready():
+            return self.lean_forward(x)
         a = self.relu(self.bias1a(self.norm1(x)))
         out = self.relu(self.bias1b(self.norm2(self.conv1(a))))
         out = self.bias2b(self.scale(self.conv2(self.dropout(self.bias2a(out)))))
@@ -138,6 +210,27 @@ class WideResNet(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold every scalar: the head's into fc, and each block's pre-activation bias onto the residual stream.
+
+        The stream carries ``x + b1a`` of the next block (the stem's convolution adds the first block's, each
+        block's conv2 the difference to the next one's, the last block the head's ``bias_final``), so that
+        ``relu(x + b1a)`` becomes a bare ``relu``. Returns the number of scalars folded.
+        """
+        if type(self.norm_final) is not nn.Identity:
+            return 0  # normalised baselines: no scalars
+        blocks = [block for stage in (self.layer1, self.layer2, self.layer3) for block in stage]
+        shifts = [block.input_shift() for block in blocks] + [scalar_value(self.bias_final)]
+        shifts = [None if t is None else t.detach().clone() for t in shifts]
+        n = count_scalars(self.bias_final, self.bias_fc)
+        self.conv1 = fold_layer(self.conv1, bias=shifts[0])
+        for block, next_shift in zip(blocks, shifts[1:]):
+            n += block.fold_(input_shifted=True, next_shift=next_shift)
+        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias_fc))
+        self.bias_final, self.bias_fc = nn.Identity(), nn.Identity()
+        return n
 
     def forward_features(self, x: Tensor) -> Tensor:
         """The last stage's output, before the final normalisation and activation: (B, 64k, H/4, W/4)."""

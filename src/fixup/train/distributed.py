@@ -5,6 +5,14 @@ RANK / WORLD_SIZE / LOCAL_RANK from the environment torchrun sets, joins a proce
 CPU, NCCL on GPU), wraps the model in ``DistributedDataParallel`` and takes its share of every batch.
 Fixup has no batch statistics to synchronise; the BatchNorm baseline converts to
 ``SyncBatchNorm`` when asked.
+
+For a model larger than one machine's memory, :func:`shard_model` applies FSDP2
+(``torch.distributed.fsdp.fully_shard``) to every residual block and then to the whole model: each
+process holds 1/N of every parameter, gradient and optimiser state, and a block's parameters are
+gathered only while it runs. Fixup needs nothing more than that: its scalars are ordinary parameters
+of their blocks, and a block's lean forward still runs (FSDP2 hooks the block, not its layers).
+tests/test_distributed_scaling.py checks, with 2 CPU processes (gloo), that N steps under DDP and
+under FSDP2 give the weights of one process with the full batch.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from torch import Tensor, nn
 from .._devices import resolve_device
 from .task import Shard
 
-__all__ = ["Runtime", "all_reduce_sums", "any_rank", "setup", "teardown", "wrap_model"]
+__all__ = ["Runtime", "all_reduce_sums", "any_rank", "setup", "shard_model", "teardown", "wrap_model"]
 
 
 @dataclass
@@ -70,6 +78,27 @@ def wrap_model(model: nn.Module, runtime: Runtime, sync_bn: bool) -> nn.Module:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [runtime.device.index] if runtime.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def shard_model(model: nn.Module, runtime: Runtime, *, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 for ``model``: ``fully_shard`` each residual block (a module with ``residual_branches``), then the root.
+
+    Parameters become DTensors sharded over the processes (dim 0); build the optimiser after this call, from
+    ``model.parameters()`` or :func:`fixup.param_groups` (both see the sharded parameters). ``p.full_tensor()``
+    gathers a parameter. Returns ``model`` (changed in place), or ``model`` untouched in a single process.
+    ``reshard_after_forward=False`` keeps gathered parameters until backward (more memory, fewer collectives).
+    """
+    if not runtime.distributed:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(runtime.device.type, (runtime.shard.world_size,))
+    blocks = [m for m in model.modules() if m is not model and callable(getattr(m, "residual_branches", None))]
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
 
 
 def all_reduce_sums(stats: dict[str, Tensor], runtime: Runtime) -> dict[str, float]:
