@@ -7,11 +7,31 @@ norms its architecture supports with :func:`check_method`, builds its scalars fr
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from ..fold import count_scalars, fold_layer
 from ..method import Method, as_method
+from ..ops import scalar_value
 
-__all__ = ["check_method", "make_norm", "name_blocks", "scalar"]
+__all__ = ["StemHeadFolding", "check_method", "make_norm", "name_blocks", "scalar"]
+
+
+class StemHeadFolding:
+    """``fold_`` for a ResNet whose stem is ``bias1(norm1(conv1(x)))`` and whose head is ``fc(bias2(x))``."""
+
+    @torch.no_grad()
+    def fold_(self) -> int:
+        """Fold the stem's bias into conv1 and the head's into fc (the blocks fold themselves)."""
+        n = 0
+        if type(self.norm1) is nn.Identity:
+            n += count_scalars(self.bias1)
+            self.conv1 = fold_layer(self.conv1, bias=scalar_value(self.bias1))
+            self.bias1 = nn.Identity()
+        n += count_scalars(self.bias2)
+        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias2))
+        self.bias2 = nn.Identity()
+        return n
 
 
 def check_method(method: Method | str, allowed: tuple[str, ...], model: str) -> Method:

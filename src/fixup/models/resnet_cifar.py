@@ -18,7 +18,7 @@ from ..fold import count_scalars, fold_layer
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, check_residual_shapes, residual_add
 from ..ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
-from ._common import check_method, make_norm, name_blocks, scalar
+from ._common import StemHeadFolding, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
@@ -182,7 +182,7 @@ def _nearest(depth: object, step: int, offset: int, minimum: int) -> str:
     return f"{low} and {low + step}" if low != d else str(low + step)
 
 
-class CifarResNet(nn.Module):
+class CifarResNet(StemHeadFolding, nn.Module):
     """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
 
     def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
@@ -212,19 +212,6 @@ class CifarResNet(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
-
-    @torch.no_grad()
-    def fold_(self) -> int:
-        """Fold the stem's bias into conv1 and the head's into fc (the blocks fold themselves)."""
-        n = 0
-        if type(self.norm1) is nn.Identity:
-            n += count_scalars(self.bias1)
-            self.conv1 = fold_layer(self.conv1, bias=scalar_value(self.bias1))
-            self.bias1 = nn.Identity()
-        n += count_scalars(self.bias2)
-        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias2))
-        self.bias2 = nn.Identity()
-        return n
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.relu(self.bias1(self.norm1(self.conv1(x))))

@@ -35,7 +35,7 @@ from ..fold import count_scalars, fold_layer
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
 from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
-from ._common import check_method, make_norm, name_blocks, scalar
+from ._common import StemHeadFolding, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 from .resnet_cifar import BasicBlock
 
@@ -176,7 +176,7 @@ class Bottleneck(nn.Module):
         return self.relu(out)
 
 
-class ImageNetResNet(nn.Module):
+class ImageNetResNet(StemHeadFolding, nn.Module):
     """ResNet with ``block`` ("basic" or "bottleneck") and ``layers`` blocks per stage; ``width`` planes first."""
 
     def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3), num_classes: int = 1000,
@@ -217,19 +217,6 @@ class ImageNetResNet(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.fc]
-
-    @torch.no_grad()
-    def fold_(self) -> int:
-        """Fold the stem's bias into conv1 and the head's into fc (the blocks fold themselves)."""
-        n = 0
-        if type(self.norm1) is nn.Identity:
-            n += count_scalars(self.bias1)
-            self.conv1 = fold_layer(self.conv1, bias=scalar_value(self.bias1))
-            self.bias1 = nn.Identity()
-        n += count_scalars(self.bias2)
-        self.fc = fold_layer(self.fc, shift=scalar_value(self.bias2))
-        self.bias2 = nn.Identity()
-        return n
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bias1(self.norm1(self.conv1(x)))))
