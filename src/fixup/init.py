@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_classifier
-from .method import Method
+from .method import STREAM_BIAS, Method
 from .nn import Bias, Scale
 from .report import BranchRecord, FixupReport, LayerRecord, describe_norm, warn_report
 
@@ -154,8 +154,8 @@ def fixup_init_(
         raise ValueError(f"rescale must be a positive finite number, got {rescale!r}")
     own = getattr(model, "method", None)
     stream = stream_bias or (own.stream_bias if isinstance(own, Method) else "budget")
-    if stream not in ("budget", "paper", "none"):
-        raise ValueError(f"stream_bias must be 'budget' or 'paper', got {stream_bias!r}")
+    if stream not in STREAM_BIAS:
+        raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {stream_bias!r}")
     names = {id(mod): name for name, mod in model.named_modules()}
     branches = find_branches(model)
     if not branches:

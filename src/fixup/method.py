@@ -29,8 +29,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_INIT", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "method_names",
-           "resolve_method"]
+__all__ = ["DEFAULT_INIT", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
 
 NORMS = ("fixup", "batchnorm", "groupnorm", "layernorm", "none")
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
@@ -120,11 +119,6 @@ _ALL: tuple[Method, ...] = (
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}
-
-
-def method_names(norms: tuple[str, ...] = NORMS) -> list[str]:
-    """The names of the methods whose norm is in ``norms``."""
-    return [name for name, m in METHODS.items() if m.norm in norms]
 
 
 def _combinations() -> str:

@@ -10,11 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..method import METHODS, as_method
+from ..method import as_method
 from .cells import Cell
 from .grid import Grid
 
-__all__ = ["METHODS", "chance_level", "image_cost", "image_train", "method_model_args", "train_cell"]
+__all__ = ["chance_level", "image_cost", "image_train", "method_model_args", "train_cell"]
 
 NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 # Training-set sizes and native image sides, for cost estimates only.
