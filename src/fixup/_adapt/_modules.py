@@ -42,22 +42,30 @@ def scale_output(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     return module.fixup_scale(out)
 
 
+def _keep_tail(module: nn.Module, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
+    """Register the children that followed a fused module's normalisation, in order."""
+    for name, child in tail:
+        module.add_module(name, child)
+    module.order = [name for name, _ in tail]
+    module.original_type = original_type
+
+
+def _run_tail(module: nn.Module, x: Tensor) -> Tensor:
+    for name in module.order:
+        x = module._modules[name](x)
+    return x
+
+
 class FusedNormBias(Bias):
     """A fused norm+activation module (timm's ``BatchNormAct2d``) in Fixup form: a scalar bias where the
     normalisation was, then the module's own children that followed it (dropout, activation), in order."""
 
     def __init__(self, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
         super().__init__()
-        for name, child in tail:
-            self.add_module(name, child)
-        self.order = [name for name, _ in tail]
-        self.original_type = original_type
+        _keep_tail(self, tail, original_type)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.bias
-        for name in self.order:
-            x = self._modules[name](x)
-        return x
+        return _run_tail(self, x + self.bias)
 
     def extra_repr(self) -> str:
         return f"from {self.original_type}: bias, then {', '.join(self.order) or 'nothing'}"
@@ -68,15 +76,10 @@ class FusedNormTail(nn.Module):
 
     def __init__(self, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
         super().__init__()
-        for name, child in tail:
-            self.add_module(name, child)
-        self.order = [name for name, _ in tail]
-        self.original_type = original_type
+        _keep_tail(self, tail, original_type)
 
     def forward(self, x: Tensor) -> Tensor:
-        for name in self.order:
-            x = self._modules[name](x)
-        return x
+        return _run_tail(self, x)
 
 
 class LayerScaleHandle(Scale):
