@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.ops import set_lean
@@ -29,15 +30,6 @@ CONV_FAMILIES = {
     "bottleneck": dict(name="resnet_imagenet_bottleneck_tiny"),
     "wide": dict(name="wide_resnet", depth=10, width=2),
 }
-
-
-def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Move every parameter off its initial value, so zero biases and unit scales prove nothing."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
-    return model
 
 
 def _conv_model(family: str, method: str) -> nn.Module:

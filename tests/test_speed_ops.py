@@ -10,19 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import fixup
+from _perturb import perturbed as _perturbed
 from fixup.baselines import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
 from fixup.ops import lean_conv2d, ones_response, set_lean
-
-
-def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Move every parameter off its initial value, so zero biases and unit scales prove nothing."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
-    return model
 
 
 def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:
