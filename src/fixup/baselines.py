@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .branch import WEIGHT_LAYERS, find_branches
+from .groups import unwrap
 from .init import fixup_init_
 from .lsuv import lsuv_
 from .method import METHODS, Method, resolve_method
@@ -246,11 +247,6 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     return report
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-    return model.module if isinstance(model, wrappers) else model
-
-
 def data_init_(model: nn.Module, batch: torch.Tensor | tuple | list, **lsuv_kwargs: float) -> list[LSUVRecord]:
     """The data-dependent step of the model's method, run once with the first training batch.
 
@@ -261,7 +257,7 @@ def data_init_(model: nn.Module, batch: torch.Tensor | tuple | list, **lsuv_kwar
     DistributedDataParallel; under ``torch.distributed`` the rescaled weights are broadcast from rank 0 so
     that every process holds the same model.
     """
-    target = _unwrap(model)
+    target = unwrap(model)
     report = getattr(target, "init_report", None)
     if not (isinstance(report, InitReport) and report.data_init_pending):
         return []

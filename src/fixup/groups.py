@@ -24,12 +24,13 @@ from .branch import find_branches
 from .method import Method
 from .nn import Bias, Scale
 
-__all__ = ["SCALAR_LR_MULT", "param_groups", "stream_biases"]
+__all__ = ["SCALAR_LR_MULT", "param_groups", "stream_biases", "unwrap"]
 
 SCALAR_LR_MULT = 0.1  # the scalars' rate relative to the weights' (the authors' released code)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DataParallel / DistributedDataParallel wrappers."""
     while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         model = model.module
     return model
@@ -38,7 +39,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def stream_biases(model: nn.Module) -> list[Bias]:
     """The stream biases ``model``'s blocks declare, in module order (each once)."""
     seen: dict[int, Bias] = {}
-    for _, branch in find_branches(_unwrap(model)):
+    for _, branch in find_branches(unwrap(model)):
         if branch.stream_bias is not None:
             seen.setdefault(id(branch.stream_bias), branch.stream_bias)
     return list(seen.values())
@@ -66,7 +67,7 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult)):
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    target = _unwrap(model)
+    target = unwrap(model)
     if stream_budget is None:
         own = getattr(target, "method", None)
         stream_budget = own.stream_budget if isinstance(own, Method) else True

@@ -26,13 +26,9 @@ from torch import Tensor, nn
 
 from ..branch import find_branches, find_classifier
 from ..groups import param_groups
-from ..train.collapse import live_fraction, stream_offsets
+from ..train.collapse import live_fraction, stage_of, stream_offsets
 
 __all__ = ["stream_probe"]
-
-
-def _stage(block: str) -> str:
-    return block.split("[")[0].rpartition(".")[0] or "model"
 
 
 def stream_probe(model: nn.Module, inputs: Tensor, targets: Tensor, *, steps: int = 10, lr: float = 0.1,
@@ -72,7 +68,7 @@ def stream_probe(model: nn.Module, inputs: Tensor, targets: Tensor, *, steps: in
                      for _, b in branches]
             if not first and (any(grads) or step == steps):  # step 1 has none where the classifier starts at 0
                 first_step = step
-                first = [{"block": name, "stage": _stage(name), "grad": g} for (name, _), g in zip(branches, grads)]
+                first = [{"block": name, "stage": stage_of(name), "grad": g} for (name, _), g in zip(branches, grads)]
             opt.step()
             trajectory.append({"step": step, "loss": float(loss.detach()),
                                "live_fraction": float(live[-1]) if live else None, **stream_offsets(net)})

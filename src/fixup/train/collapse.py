@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..branch import find_branches, find_classifier
 
-__all__ = ["CollapseWatch", "live_fraction", "stream_offsets"]
+__all__ = ["CollapseWatch", "live_fraction", "stage_of", "stream_offsets"]
 
 
 def live_fraction(features: Tensor) -> Tensor:
@@ -41,12 +41,17 @@ def live_fraction(features: Tensor) -> Tensor:
     return (spread > 1e-6 * flat.abs().mean(0).clamp_min(1e-12)).float().mean()
 
 
+def stage_of(block: str) -> str:
+    """The stage of a block's qualified name: its parent module (``layer2.3`` -> ``layer2``)."""
+    return block.split("[")[0].rpartition(".")[0] or "model"
+
+
 def stream_offsets(model: nn.Module) -> dict[str, float]:
     """Per stage (a block's parent module, e.g. ``layer2``), the sum of the stream biases of its branches."""
     stages: dict[str, list[Tensor]] = defaultdict(list)
     for block, branch in find_branches(model):
         if branch.stream_bias is not None:
-            stages[block.split("[")[0].rpartition(".")[0] or "model"].append(branch.stream_bias.bias)
+            stages[stage_of(block)].append(branch.stream_bias.bias)
     with torch.no_grad():
         return {stage: float(torch.stack([b.reshape(()) for b in biases]).sum()) for stage, biases in stages.items()}
 
