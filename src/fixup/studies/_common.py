@@ -14,18 +14,39 @@ from ..method import as_method
 from .cells import Cell
 from .grid import Grid
 
-__all__ = ["chance_level", "image_cost", "image_train", "method_model_args", "train_cell"]
+__all__ = ["chance_level", "image_cost", "image_train", "layer_cost", "method_model_args", "train_cell"]
 
-NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+# "folder" is an ImageNet-style class-folder set; its figures are ImageNet-1k's.
+NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10, "folder": 1000}
 # Training-set sizes and native image sides, for cost estimates only.
-TRAIN_SIZE = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257}
-NATIVE_SIDE = {"digits": 8, "cifar10": 32, "cifar100": 32, "svhn": 32}
+TRAIN_SIZE = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257, "folder": 1_281_167}
+NATIVE_SIDE = {"digits": 8, "cifar10": 32, "cifar100": 32, "svhn": 32, "folder": 224}
+# Multiply-adds per residual layer and input pixel of an ImageNet ResNet, relative to a CIFAR ResNet's:
+# ResNet-50 does 4.1e9 at 224x224 (50 layers x 28^2 units: 1.05e5 a unit), ResNet-110 2.5e8 at 32x32
+# (110 x 4^2 units: 1.44e5 a unit); ResNet-101, 7.8e9, gives 0.68. The stem's stride 4 offsets the width.
+IMAGENET_RESNET_LAYER_COST = 0.7
 
 
-def image_cost(grid: Grid, depth: int, epochs: float) -> float:
-    """A cell's cost in layer-examples at 8x8 pixels (the unit :mod:`fixup.studies.estimate` calibrates)."""
-    side = grid.image_size or NATIVE_SIDE.get(grid.data, 32)
-    return depth * epochs * TRAIN_SIZE.get(grid.data, 50_000) * (side / 8) ** 2
+def layer_cost(model: str, width: int = 0) -> float:
+    """A residual layer's compute per input pixel relative to a CIFAR ResNet's (``width``: 0 = the default)."""
+    if model == "wide_resnet":
+        return float(max(width, 1) ** 2)  # k times the channels of a width-1 network: k^2 the multiply-adds
+    if model == "resnet_imagenet":
+        return IMAGENET_RESNET_LAYER_COST * ((width or 64) / 64) ** 2
+    return 1.0
+
+
+def image_cost(grid: Grid, depth: int, epochs: float, *, data: str | None = None, image_size: int | None = None,
+               model: str = "", width: int = 0) -> float:
+    """A cell's cost in layer-examples at 8x8 pixels (the unit :mod:`fixup.studies.estimate` calibrates).
+
+    ``data``/``image_size`` describe a cell with its own data set (default: the grid's); ``model`` and
+    ``width`` scale by the model's compute per layer (:func:`layer_cost`; default: a CIFAR ResNet's).
+    """
+    own = data is not None
+    data = data if own else grid.data
+    side = image_size or (None if own else grid.image_size) or NATIVE_SIDE.get(data, 32)
+    return depth * epochs * TRAIN_SIZE.get(data, 50_000) * (side / 8) ** 2 * layer_cost(model, width)
 
 
 def chance_level(grid: Grid) -> float:
@@ -38,13 +59,20 @@ def method_model_args(method: str) -> dict[str, str]:
     return {"norm": m.norm, "init": m.init}
 
 
-def image_train(grid: Grid, method: str, seed: int, **fields: Any) -> dict[str, Any]:
-    """The :class:`fixup.train.TrainConfig` fields of an image cell (only those that differ from defaults)."""
-    train: dict[str, Any] = {"task": "images", "dataset": grid.data, "seed": seed, "device": grid.device,
-                             **method_model_args(method), **fields}
-    if grid.data_dir:
-        train["data_dir"] = grid.data_dir
-    if grid.image_size:
+def image_train(grid: Grid, method: str, seed: int, *, data: str | None = None, data_dir: str | None = None,
+                **fields: Any) -> dict[str, Any]:
+    """The :class:`fixup.train.TrainConfig` fields of an image cell (only those that differ from defaults).
+
+    The cell trains on the grid's data, or on its own where ``data`` (a data set of
+    :data:`fixup.data.DATASETS`) and ``data_dir`` are given; the grid's image size then does not apply.
+    """
+    own = data is not None
+    train: dict[str, Any] = {"task": "images", "dataset": data if own else grid.data, "seed": seed,
+                             "device": grid.device, **method_model_args(method), **fields}
+    folder = data_dir if own else grid.data_dir
+    if folder:
+        train["data_dir"] = folder
+    if grid.image_size and not own:
         train["image_size"] = grid.image_size
     return train
 

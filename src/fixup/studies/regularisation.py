@@ -27,7 +27,7 @@ from .rows import image_protocol, model_label
 from .stats import group_records
 from .store import Store
 
-__all__ = ["STUDY", "best_stable_lr"]
+__all__ = ["EQUIVALENCE", "MIXUP_ALPHA", "STUDY", "best_stable_lr", "error_entry", "format_error", "points"]
 
 LABELS = {"fixup": "Fixup", "batchnorm": "BatchNorm", "groupnorm": "GroupNorm", "he": "He, no normalisation"}
 MIXUP_ALPHA = {**paper.MIXUP_ALPHA, "he": paper.MIXUP_ALPHA["batchnorm"]}  # he: our choice, see module doc
@@ -99,7 +99,7 @@ def _wrn(grid: Grid) -> str:
     return f"wrn-{grid.regularisation.wrn_depth}-{grid.regularisation.wrn_width}"
 
 
-def _entry(recs: list[dict[str, Any]], planned: int) -> dict[str, Any]:
+def error_entry(recs: list[dict[str, Any]], planned: int) -> dict[str, Any]:
     results = [r["result"] for r in recs]
 
     def err(key: str):
@@ -120,9 +120,9 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     cells = [r for r in records if r["method"] != SEARCH]
     for (method, reg, net), recs in group_records(cells, "method", "reg", "net").items():
         if net is None:
-            table.setdefault(method, {})[reg] = _entry(recs, grid.seeds)
+            table.setdefault(method, {})[reg] = error_entry(recs, grid.seeds)
         elif net == _wrn(grid):
-            wrn[method] = _entry(recs, grid.seeds)
+            wrn[method] = error_entry(recs, grid.seeds)
     he = None
     if search:
         lr, why = best_stable_lr(search)
@@ -154,11 +154,11 @@ def _cells(summary: dict[str, Any], method: str, reg: str, key: str = "test_erro
     return None if e is None else Cells.from_dict(e[key])
 
 
-def _f(c: Cells | None) -> str:
+def format_error(c: Cells | None) -> str:
     return "not run" if c is None else c.format(1, 100, "%")
 
 
-def _pts(x: float) -> str:
+def points(x: float) -> str:
     return f"{100 * x:.2f} points" if math.isfinite(x) else "inf"
 
 
@@ -189,8 +189,9 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
                   effect=effect, ci=ci, must_succeed=("Fixup",))
         he_lr = summary["he_search"]["chosen_lr"] if summary["he_search"] else "?"
         rows.append(ClaimRow.judged(
-            "cifar10_resnet110", f"test error: BatchNorm {_f(bn)}, He no norm (lr {he_lr}) {_f(he)}, Fixup {_f(fx)}; "
-            f"95% interval of the tested difference ±{_pts(ci)}", proto, j,
+            "cifar10_resnet110", f"test error: BatchNorm {format_error(bn)}, He no norm (lr {he_lr}) "
+            f"{format_error(he)}, Fixup {format_error(fx)}; 95% interval of the tested difference ±{points(ci)}",
+            proto, j,
             "holds if Fixup's error is clearly below He-without-normalisation's and not clearly below BatchNorm's; "
             "the paper's effects are 0.54 points (Xavier - Fixup) and 0.63 (Fixup - BatchNorm)"))
     if not {"fixup", "batchnorm"} <= methods:
@@ -205,7 +206,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
                                                    "end of a full schedule, where the training set is fitted")
         rows.append(ClaimRow.judged("fixup_fits_training_set",
                                     f"final training loss Fixup {ftl.format(3)} vs BatchNorm {btl.format(3)}; "
-                                    f"test error {_f(fx)} vs {_f(bn)}", proto, j,
+                                    f"test error {format_error(fx)} vs {format_error(bn)}", proto, j,
                                     "holds if Fixup's training loss is not clearly above BatchNorm's while its test "
                                     "error is clearly above"))
     if "fixup" not in methods or "mixup" not in g.regularisers:
@@ -219,11 +220,12 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
                   must_succeed=("Fixup", "Fixup + Mixup"),
                   limit="" if g.epochs >= 90 else f"{g.epochs} epochs: a regulariser pays off once a network "
                                                   "overfits, late in the paper's 90-200-epoch schedules")
-        rows.append(ClaimRow.judged("mixup_closes_gap", f"Fixup test error {_f(fx)} -> with Mixup (alpha "
-                                    f"{MIXUP_ALPHA['fixup']}) {_f(fxm)}; BatchNorm + Mixup "
-                                    f"{_f(_cells(summary, 'batchnorm', 'mixup'))}", _protocol(grid, "fixup", "mixup"),
-                                    j, "holds if Mixup clearly lowers Fixup's test error; the paper's effect is 3.6 "
-                                       "points (ImageNet ResNet-50)"))
+        rows.append(ClaimRow.judged("mixup_closes_gap", f"Fixup test error {format_error(fx)} -> with Mixup (alpha "
+                                    f"{MIXUP_ALPHA['fixup']}) {format_error(fxm)}; BatchNorm + Mixup "
+                                    f"{format_error(_cells(summary, 'batchnorm', 'mixup'))}",
+                                    _protocol(grid, "fixup", "mixup"), j,
+                                    "holds if Mixup clearly lowers Fixup's test error; the paper's effect is 3.6 "
+                                    "points (ImageNet ResNet-50)"))
     wrn_proto = _protocol(grid, "fixup", "mixup+cutout", wrn=True)
     fxr = Cells.from_dict(summary["wrn"]["fixup"]["test_error"]) if "fixup" in summary["wrn"] else planned
     bnr = Cells.from_dict(summary["wrn"]["batchnorm"]["test_error"]) if "batchnorm" in summary["wrn"] else planned
@@ -233,7 +235,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     j = judge({"Fixup": fxr, "BatchNorm": bnr}, holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE,
               paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",))
     rows.append(ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
-                                f"{_f(fxr)} vs BatchNorm {_f(bnr)}; difference {_pts(diff)} ± {_pts(ci)} (95%)",
+                                f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference {points(diff)} "
+                                f"± {points(ci)} (95%)",
                                 wrn_proto, j,
                                 f"holds if the 95% interval of Fixup's error minus BatchNorm's lies below "
                                 f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)"))
@@ -256,13 +259,13 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
     lines += ["| method (lr) | " + " | ".join(regs) + " |", "|---|" + "---|" * len(regs)]
     for method, row in summary["table"].items():
         lr = next(iter(row.values()))["lr"]
-        cells = [_f(_cells(summary, method, reg)) for reg in regs]
+        cells = [format_error(_cells(summary, method, reg)) for reg in regs]
         lines.append(f"| {LABELS.get(method, method)} ({lr:g}) | " + " | ".join(cells) + " |")
     if summary["wrn"]:
         lines += ["", f"Appendix C's network, {summary['wrn_model']}, with Mixup + Cutout:", "",
                   "| method | test error |", "|---|---|"]
         for method, e in summary["wrn"].items():
-            lines.append(f"| {LABELS.get(method, method)} | {_f(Cells.from_dict(e['test_error']))} |")
+            lines.append(f"| {LABELS.get(method, method)} | {format_error(Cells.from_dict(e['test_error']))} |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from .grid import Grid
 
 __all__ = ["image_protocol", "model_label", "scalars_text", "steps"]
 
-_NAMES = {"resnet_cifar": "ResNet", "wide_resnet": "Wide-ResNet"}
+_NAMES = {"resnet_cifar": "ResNet", "wide_resnet": "Wide-ResNet", "resnet_imagenet": "ResNet"}
 
 
 def model_label(model: str, depth: int | str, width: int | None = None) -> str:
@@ -25,9 +25,9 @@ def model_label(model: str, depth: int | str, width: int | None = None) -> str:
     return f"{name}-{depth}{w} ({model})"
 
 
-def steps(grid: Grid, batch: int, epochs: float) -> int:
-    """Optimiser steps of an image cell: epochs x ceil(training examples / batch)."""
-    return int(epochs * math.ceil(TRAIN_SIZE.get(grid.data, 50_000) / batch))
+def steps(grid: Grid, batch: int, epochs: float, *, data: str | None = None) -> int:
+    """Optimiser steps of an image cell: epochs x ceil(training examples / batch) (``data``: default the grid's)."""
+    return int(epochs * math.ceil(TRAIN_SIZE.get(data or grid.data, 50_000) / batch))
 
 
 def scalars_text(mult: float) -> str:
