@@ -21,7 +21,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                            "calibrated on this machine, before it starts")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="the paper's scale (for a GPU): --data-dir D holds cifar-10-python.tar.gz (or "
-                           "cifar-10-batches-py) and iwslt14.de-en/; see --dry-run")
+                           "cifar-10-batches-py), and optionally iwslt14.de-en/, svhn/ and imagenet/; see "
+                           "--dry-run and docs/studies.md")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="a minimal grid that checks the whole pipeline in about a minute (CI)")
     p.set_defaults(mode="quick")
@@ -168,7 +169,7 @@ def _dry_run(grid: Any, store: Any, studies: list[str]) -> int:
     tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
     plan = dry_run(tasks, waiting, grid)
     for c in plan["cells"]:
-        print(f"  {c['cell']:60s} {c['gpu_hours']:9.3f} GPU h   {c['data']}")
+        print(f"  {c['cell']:66s} {c['gpu_hours']:9.3f} GPU h   {c['data']}")
     if waiting:
         print(f"  + {waiting} cells planned once the cells they depend on finish (counted at the mean)")
     print(f"{len(plan['cells']) + waiting} cells, about {plan['gpu_hours']:.1f} GPU hours; throughput model: "

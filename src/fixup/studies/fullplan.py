@@ -4,16 +4,24 @@
 
     D/cifar-10-python.tar.gz or D/cifar-10-batches-py/     CIFAR-10, the python archive (image studies)
     D/iwslt14.de-en/{train,valid,test}.{de,en}            IWSLT'14 De-En, one sentence a line (translation)
+    D/svhn/train_32x32.mat and D/svhn/test_32x32.mat      SVHN cropped digits, format 2 (Appendix C's row)
+    D/imagenet/train/<class>/*.JPEG, D/imagenet/val/<class>/*.JPEG
+                                                          ImageNet as class folders (Table 2's rows); the
+                                                          validation images sorted into class folders too
+
+CIFAR-10 is required; each of the others is optional: where it is missing its cells are not planned
+and its claim rows say "not run", naming the folder that was not found.
 
 ``--dry-run`` lists every cell, the data it needs and an estimate of GPU hours from the throughput
 model below; nothing runs.
 
 Throughput model (an assumption, stated in the output, not a measurement): one cost unit (one
-residual layer on one 8x8-equivalent example, forward and backward; :func:`fixup.studies._common.image_cost`)
-takes :data:`GPU_SECONDS_PER_UNIT` on one current data-centre GPU in fp32. It is derived from
-ResNet-110 on CIFAR-10 at 3,000 training images a second: 110 layers x 50,000 images x (32/8)^2 =
-8.8e7 units in 16.7 s. Translation cells carry their own cost in the same unit
-(:attr:`fixup.studies.grid.TranslationGrid.cost_per_cell`).
+residual layer of a CIFAR ResNet on one 8x8-equivalent example, forward and backward;
+:func:`fixup.studies._common.image_cost`, which scales other models by their compute per layer) takes
+:data:`GPU_SECONDS_PER_UNIT` on one current data-centre GPU in fp32. It is derived from ResNet-110
+on CIFAR-10 at 3,000 training images a second: 110 layers x 50,000 images x (32/8)^2 = 8.8e7 units
+in 16.7 s. Under it an ImageNet ResNet-50 trains at about 190 images a second at 224x224.
+Translation cells carry their own cost in the same unit (:attr:`fixup.studies.grid.TranslationGrid.cost_per_cell`).
 """
 
 from __future__ import annotations
@@ -25,14 +33,18 @@ from typing import Any
 from .cells import Task
 from .grid import Grid
 
-__all__ = ["GPU_SECONDS_PER_UNIT", "THROUGHPUT_MODEL", "data_needed", "dry_run", "resolve_full_data"]
+__all__ = ["GPU_SECONDS_PER_UNIT", "LAYOUT", "THROUGHPUT_MODEL", "data_needed", "dry_run", "missing_reason",
+           "resolve_full_data"]
 
 GPU_SECONDS_PER_UNIT = 16.7 / (110 * 50_000 * 16)
 THROUGHPUT_MODEL = ("assumed: ResNet-110 trains on CIFAR-10 at 3,000 images/s on one GPU (fp32); every cell is "
-                    "scaled from it by depth x examples x pixels")
+                    "scaled from it by depth x examples x pixels x compute per layer")
 
 CIFAR_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py")
 IWSLT_NAME = "iwslt14.de-en"
+# The optional image sets: the folder under --data-dir and what it must hold.
+LAYOUT = {"svhn": "svhn/ holding train_32x32.mat and test_32x32.mat",
+          "imagenet": "imagenet/ holding train/<class>/* and val/<class>/* (class folders of images)"}
 
 
 def resolve_full_data(data_dir: str | Path) -> dict[str, str | None]:
@@ -43,8 +55,18 @@ def resolve_full_data(data_dir: str | Path) -> dict[str, str | None]:
                                 f"{' or '.join(CIFAR_NAMES)} and {IWSLT_NAME}/ (see docs/studies.md)")
     cifar = next((root / n for n in CIFAR_NAMES if (root / n).exists()), None)
     iwslt = root / IWSLT_NAME
+    svhn, imagenet = root / "svhn", root / "imagenet"
+    has_svhn = all((svhn / f"{split}_32x32.mat").is_file() for split in ("train", "test"))
+    has_imagenet = (imagenet / "train").is_dir() and any((imagenet / d).is_dir() for d in ("val", "test"))
     return {"cifar10": None if cifar is None else str(cifar if cifar.suffix == ".gz" else root),
-            "iwslt": str(iwslt) if (iwslt / "train.de").exists() else None}
+            "iwslt": str(iwslt) if (iwslt / "train.de").exists() else None,
+            "svhn": str(svhn) if has_svhn else None,
+            "imagenet": str(imagenet) if has_imagenet else None}
+
+
+def missing_reason(data_dir: str | Path, name: str) -> str:
+    """Why the cells of ``name`` (``svhn`` or ``imagenet``) are not planned: the folder that was not found."""
+    return f"--data-dir {data_dir} has no {LAYOUT[name]}; add it to run these cells (docs/studies.md)"
 
 
 def data_needed(task: Task, grid: Grid) -> str:
@@ -54,7 +76,8 @@ def data_needed(task: Task, grid: Grid) -> str:
         return "none (random batches)"
     if task.cell.study == "translation":
         return train.get("data_dir") or "the generated task (made on the fly)"
-    return f"{train.get('dataset', grid.data)}: {train.get('data_dir') or 'embedded'}"
+    name = train.get("dataset", grid.data)
+    return f"{'imagenet (folder)' if name == 'folder' else name}: {train.get('data_dir') or 'embedded'}"
 
 
 def dry_run(tasks: Sequence[Task], waiting: int, grid: Grid) -> dict[str, Any]:
