@@ -3,6 +3,8 @@ accuracy of some of them, adapted (no normalisation) beside the same model with 
 
     PYTHONPATH=src python benchmarks/adapt_zoo.py                     # both tables (minutes on 2 cores)
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only accounting   # the first table (about a minute)
+    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models "resnet18 (fixup-lab)" \
+        "resnet18 (torchvision ResNet)" --forms fixup --seeds 5 --lr 0.05   # the ResNet-18 rate sweep
 
 Training: digits (1,437 train / 360 test, the library's fixed split) upsampled to 32x32, three channels,
 standardised; SGD over ``fixup.param_groups(model, lr=0.1, weight_decay=5e-4)`` with momentum 0.9, batch 64,
@@ -31,6 +33,9 @@ from fixup.data.images import load_images
 
 TRAINED = ["resnet18 (torchvision ResNet)", "regnetx (timm RegNet, BatchNormAct2d)",
            "efficientnet (timm MBConv, BatchNormAct2d + SE)", "resnet (ResNetForImageClassification)"]
+# The library's own ResNet-18 (same layout, built by fixup.create_model under Fixup or BatchNorm): the yardstick
+# for the adapted torchvision one. Train it with --models "resnet18 (fixup-lab)".
+OURS = "resnet18 (fixup-lab)"
 
 
 def _build(name: str, resnet18_width: int) -> torch.nn.Module:
@@ -86,15 +91,19 @@ def _logits(out: object) -> torch.Tensor:
 
 
 def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Tensor, ...],
-              resnet18_width: int) -> dict[str, float]:
+              resnet18_width: int, lr: float = 0.1) -> dict[str, float]:
     xtr, ytr, xte, yte = data
     torch.manual_seed(seed)
-    model = _build(name, resnet18_width)
-    if form == "fixup":
+    if name == OURS:
+        model = fixup.create_model("resnet18", width=resnet18_width, num_classes=10,
+                                   norm="fixup" if form == "fixup" else "batchnorm")
+    else:
+        model = _build(name, resnet18_width)
+    if form == "fixup" and name != OURS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, _ = fixup.adapt(model, xtr[:2])
-    opt = torch.optim.SGD(fixup.param_groups(model, 0.1, weight_decay=5e-4), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(fixup.param_groups(model, lr, weight_decay=5e-4), lr=lr, momentum=0.9)
     order = torch.Generator().manual_seed(seed)
     model.train()
     perm, pos, losses = torch.randperm(len(xtr), generator=order), 0, []
@@ -114,13 +123,14 @@ def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Ten
     return {"acc": acc, "final_loss": losses[-1], "finite": all(x == x and abs(x) != float("inf") for x in losses)}
 
 
-def training(seeds: int, steps: int, names: list[str], resnet18_width: int) -> list[dict[str, object]]:
+def training(seeds: int, steps: int, names: list[str], resnet18_width: int, lr: float,
+             forms: tuple[str, ...]) -> list[dict[str, object]]:
     data = _digits()
     rows = []
     for name in names:
-        for form in ("fixup", "normalised"):
+        for form in forms:
             start = time.time()
-            runs = [train_one(name, form, s, steps, data, resnet18_width) for s in range(seeds)]
+            runs = [train_one(name, form, s, steps, data, resnet18_width, lr) for s in range(seeds)]
             accs = [r["acc"] for r in runs]
             rows.append({"model": name, "form": form, "accs": accs, "mean": statistics.mean(accs),
                          "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "n": len(accs),
@@ -136,13 +146,16 @@ def main() -> None:
     p.add_argument("--only", choices=("accounting", "training"), default=None)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--models", nargs="*", default=TRAINED, help="models of tests/adapt_zoo.py to train")
+    p.add_argument("--models", nargs="*", default=TRAINED,
+                   help=f"models of tests/adapt_zoo.py to train, or {OURS!r} (the library's own ResNet-18)")
     p.add_argument("--resnet18-width", type=int, default=16,
                    help="ResNet-18's base width (torchvision's is 64: about 5 s a step on 2 shared cores)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the weights (scalars: fixup.param_groups)")
+    p.add_argument("--forms", nargs="*", default=["fixup", "normalised"], choices=["fixup", "normalised"])
     p.add_argument("--json", default=None, help="write both tables as JSON")
     args = p.parse_args()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    out: dict[str, object] = {"settings": {"seeds": args.seeds, "steps": args.steps, "batch": 64, "lr": 0.1,
+    out: dict[str, object] = {"settings": {"seeds": args.seeds, "steps": args.steps, "batch": 64, "lr": args.lr,
                                            "momentum": 0.9, "weight_decay": 5e-4, "image_size": 32,
                                            "resnet18_width": args.resnet18_width}}
     if args.only in (None, "accounting"):
@@ -151,7 +164,8 @@ def main() -> None:
             print(f"| {r['model']} | {r['source']} | {r['result']} | {r.get('L', '')} | {r.get('m', '')} | "
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
     if args.only in (None, "training"):
-        out["training"] = training(args.seeds, args.steps, args.models, args.resnet18_width)
+        out["training"] = training(args.seeds, args.steps, args.models, args.resnet18_width, args.lr,
+                                   tuple(args.forms))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

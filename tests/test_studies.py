@@ -123,3 +123,39 @@ def test_stat_mean_std_n():
     assert s.format(1) == "2.0 ± 1.0 (n=3 of 5)"
     assert stat([None]).format() == "— (n=0 of 1)"
     assert stat([0.5]).std == 0.0
+
+
+def _costed(costs: list[float]) -> list[Task]:
+    return [Task(Cell("fake", "m", {"x": i}, 0, cost=c), counting_cell) for i, c in enumerate(costs)]
+
+
+def test_parallel_workers_take_the_costliest_cells_first(tmp_path):
+    tasks = _costed([1, 5, 2, 4, 3])
+    handed_out: list[str] = []  # the runner says "running KEY" as it hands a cell to a worker
+
+    def progress(state, message: str) -> None:
+        if message.startswith("running "):
+            handed_out.append(message.split()[1])
+
+    run_tasks(tasks, tmp_path, jobs=2, progress=progress)
+    by_cost = sorted(tasks, key=lambda t: -t.cell.cost)
+    assert handed_out == [t.cell.key for t in by_cost]
+    assert sorted(_calls(tmp_path)) == sorted(t.cell.key for t in tasks)
+
+
+def test_estimate_lays_cells_out_on_the_workers():
+    from fixup.studies.estimate import CELL_OVERHEAD_S, COST_FACTOR, estimate_seconds
+
+    costs = [8.0, 7.0, 6.0, 5.0, 4.0]
+    tasks = _costed(costs)
+    unit = 1.0 / COST_FACTOR  # one second of work per unit of cost
+
+    def secs(c: float) -> float:
+        return CELL_OVERHEAD_S + c
+
+    assert estimate_seconds(tasks, unit, jobs=1) == pytest.approx(sum(secs(c) for c in costs))
+    # longest first on 2 workers: {8, 5, 4} and {7, 6}
+    assert estimate_seconds(tasks, unit, jobs=2) == pytest.approx(max(secs(8) + secs(5) + secs(4),
+                                                                       secs(7) + secs(6)))
+    # more workers than cells: the longest cell alone
+    assert estimate_seconds(tasks, unit, jobs=8) == pytest.approx(secs(8))

@@ -99,7 +99,8 @@ def test_depth_plan_holds_every_method_at_the_batchnorm_rate():
     batch = {t.cell.setting["depth"]: t.cell.config["train"]["batch_size"] for t in tasks}
     assert batch[1000] == 128 and batch[10_000] == 64  # the paper's batch sizes (section 4.1)
     quick = depth.plan(make_grid("quick"), Store("/nonexistent")).tasks
-    assert max(t.cell.setting["depth"] for t in quick) >= 1000 and {t.cell.seed for t in quick} == {0, 1}
+    # quick mode stops at 304 layers (beyond 100, where the baselines' claim is made) to keep its 8 minutes
+    assert max(t.cell.setting["depth"] for t in quick) > 300 and {t.cell.seed for t in quick} == {0, 1}
 
 
 def test_regularisation_plan_follows_the_paper(tmp_path):

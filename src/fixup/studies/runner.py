@@ -22,7 +22,7 @@ from typing import Any
 from .cells import Cell, CellFn, Task
 from .store import Store
 
-__all__ = ["Progress", "ProgressFn", "RunSummary", "format_seconds", "run_tasks"]
+__all__ = ["Progress", "ProgressFn", "RunSummary", "format_seconds", "longest_first", "run_tasks"]
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -59,6 +59,12 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress, str], None]
+
+
+def longest_first(tasks: Sequence[Task]) -> list[Task]:
+    """The order parallel workers take cells in: costliest first (plan order among equals), so that the
+    last cells to start are short and no worker waits long on the last one."""
+    return sorted(tasks, key=lambda t: -t.cell.cost)
 
 
 @dataclass
@@ -222,7 +228,7 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
         threads = max(1, (os.cpu_count() or 1) // jobs)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
                                  initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
-            queue = list(todo)
+            queue = longest_first(todo)
             pending: dict[Future[Any], Task] = {}
             try:
                 while queue or pending:
