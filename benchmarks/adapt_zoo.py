@@ -91,7 +91,7 @@ def _logits(out: object) -> torch.Tensor:
 
 
 def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Tensor, ...],
-              resnet18_width: int, lr: float = 0.1) -> dict[str, float]:
+              resnet18_width: int, lr: float = 0.1, scalar_lr_mult: float = 0.1) -> dict[str, float]:
     xtr, ytr, xte, yte = data
     torch.manual_seed(seed)
     if name == OURS:
@@ -103,7 +103,8 @@ def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Ten
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, _ = fixup.adapt(model, xtr[:2])
-    opt = torch.optim.SGD(fixup.param_groups(model, lr, weight_decay=5e-4), lr=lr, momentum=0.9)
+    groups = fixup.param_groups(model, lr, weight_decay=5e-4, scalar_lr_mult=scalar_lr_mult)
+    opt = torch.optim.SGD(groups, lr=lr, momentum=0.9)
     order = torch.Generator().manual_seed(seed)
     model.train()
     perm, pos, losses = torch.randperm(len(xtr), generator=order), 0, []
@@ -124,13 +125,13 @@ def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Ten
 
 
 def training(seeds: int, steps: int, names: list[str], resnet18_width: int, lr: float,
-             forms: tuple[str, ...]) -> list[dict[str, object]]:
+             forms: tuple[str, ...], scalar_lr_mult: float) -> list[dict[str, object]]:
     data = _digits()
     rows = []
     for name in names:
         for form in forms:
             start = time.time()
-            runs = [train_one(name, form, s, steps, data, resnet18_width, lr) for s in range(seeds)]
+            runs = [train_one(name, form, s, steps, data, resnet18_width, lr, scalar_lr_mult) for s in range(seeds)]
             accs = [r["acc"] for r in runs]
             rows.append({"model": name, "form": form, "accs": accs, "mean": statistics.mean(accs),
                          "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "n": len(accs),
@@ -151,11 +152,13 @@ def main() -> None:
     p.add_argument("--resnet18-width", type=int, default=16,
                    help="ResNet-18's base width (torchvision's is 64: about 5 s a step on 2 shared cores)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the weights (scalars: fixup.param_groups)")
+    p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
     p.add_argument("--forms", nargs="*", default=["fixup", "normalised"], choices=["fixup", "normalised"])
     p.add_argument("--json", default=None, help="write both tables as JSON")
     args = p.parse_args()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     out: dict[str, object] = {"settings": {"seeds": args.seeds, "steps": args.steps, "batch": 64, "lr": args.lr,
+                                           "scalar_lr_mult": args.scalar_lr_mult,
                                            "momentum": 0.9, "weight_decay": 5e-4, "image_size": 32,
                                            "resnet18_width": args.resnet18_width}}
     if args.only in (None, "accounting"):
@@ -165,7 +168,7 @@ def main() -> None:
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
     if args.only in (None, "training"):
         out["training"] = training(args.seeds, args.steps, args.models, args.resnet18_width, args.lr,
-                                   tuple(args.forms))
+                                   tuple(args.forms), args.scalar_lr_mult)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
