@@ -65,12 +65,13 @@ def test_bar_and_curve_figures_carry_error_bars_n_and_failures(tmp_path):
                 "result": {"outcome": "completed", "test_acc": accs[-1], "train_loss": 0.5,
                            "history": [{"train_loss": 1.0 / (e + 1), "test_acc": a} for e, a in enumerate(accs)]}}
 
-    recs = [abl("fixup", s, [0.5 + 0.1 * s, 0.7, 0.8 + 0.02 * s]) for s in (0, 1)]
+    epochs = grid.ablation.epochs
+    recs = [abl("fixup", s, [0.5 + 0.1 * s] + [0.7] * (epochs - 2) + [0.8 + 0.02 * s]) for s in (0, 1)]
     loss_png, acc_png = ablation.figures(ablation.summarise(recs, grid), tmp_path)
     assert png_size(acc_png) == png_size(loss_png) == (816, 528)
     curve = _data(acc_png)["series"]["fixup"]
-    assert [p["n"] for p in curve] == [2, 2, 2] and curve[0]["std"] == pytest.approx(7.07, abs=0.01)
-    assert curve[2]["mean"] == pytest.approx(81.0)
+    assert [p["n"] for p in curve] == [2] * epochs and curve[0]["std"] == pytest.approx(7.07, abs=0.01)
+    assert curve[-1]["mean"] == pytest.approx(81.0)
 
 
 def test_a_long_cell_resumes_from_its_last_segment(tmp_path, monkeypatch):

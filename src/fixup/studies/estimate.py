@@ -19,8 +19,8 @@ from .cells import Task
 
 __all__ = ["CELL_OVERHEAD_S", "COST_FACTOR", "calibrate", "estimate_seconds"]
 
-CELL_OVERHEAD_S = 1.0  # building the model, evaluating, writing the cell's files (fitted; see module doc)
-COST_FACTOR = 1.0  # measured seconds per unit over the calibrated ones (fitted; see module doc)
+CELL_OVERHEAD_S = 2.0  # building the model, evaluating, writing the cell's files (fitted; see module doc)
+COST_FACTOR = 0.67  # measured seconds per unit over the calibrated ones (fitted; see module doc)
 
 
 def calibrate(side: int = 8, channels: int = 1, *, device: str = "auto", threads: int | None = None,
