@@ -83,11 +83,41 @@ def test_outside_layers_are_plain_he_and_scalars_are_reset() -> None:
                 mod.scale.fill_(5.0)
     report = fixup_init_(model)
     assert [r.name for r in report.other_layers] == ["conv1"]
-    assert report.other_layers[0].std == pytest.approx(he_std(model.conv1.weight))
+    # the stem is drawn from its fan-in under our default (the model's method), as the report says
+    assert report.stem_fan_mode == "fan_in" and "He with fan_in" in str(report)
+    assert report.other_layers[0].std == pytest.approx(he_std(model.conv1.weight, "fan_in"))
+    assert model.conv1.weight.std().item() == pytest.approx(he_std(model.conv1.weight, "fan_in"), rel=0.1)
     assert all(m.bias.item() == 0 for m in model.modules() if isinstance(m, Bias))
     assert all(m.scale.item() == 1 for m in model.modules() if isinstance(m, Scale))
     # 4 biases and 1 multiplier per branch, plus the stem and classifier biases.
     assert report.num_scalars == 9 * 5 + 2
+
+
+@pytest.mark.parametrize(("method", "stem_mode"), [("fixup", "fan_in"), ("fixup_no_depth_scale", "fan_in"),
+                                                    ("fixup_paper", "fan_out")])
+def test_the_stem_follows_the_method_and_can_be_overridden(method, stem_mode) -> None:
+    model = fixup.create_model("resnet_cifar", depth=8, method=method)
+    assert model.init_report.stem_fan_mode == stem_mode
+    assert model.init_report.other_layers[0].std == pytest.approx(he_std(model.conv1.weight, stem_mode))
+    other = "fan_out" if stem_mode == "fan_in" else "fan_in"
+    assert fixup_init_(model, stem_mode=other).other_layers[0].std == pytest.approx(he_std(model.conv1.weight, other))
+    with pytest.raises(ValueError, match="stem_mode must be one of"):
+        fixup_init_(model, stem_mode="fan_avg")
+
+
+def test_the_fan_in_stem_hands_the_stream_the_inputs_scale() -> None:
+    # Every block is the identity at init, so the classifier sees the stem's output scale. One input channel into
+    # 16: a fan-in draw keeps the He scale (mean square 2 for unit input), a fan-out draw shrinks it 16-fold.
+    x = torch.randn(256, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    inner = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    inner[..., [0, -1], :] = inner[..., :, [0, -1]] = False  # away from the zero padding
+    for method, expected in (("fixup", 2.0), ("fixup_paper", 2.0 / 16)):
+        model = fixup.create_model("resnet_cifar", depth=8, in_channels=1, method=method,
+                                   generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            out = model.conv1(x)
+        mean_square = out.pow(2).mean(1, keepdim=True).masked_select(inner).mean().item()
+        assert mean_square == pytest.approx(expected, rel=0.15), method
 
 
 def test_second_application_gives_same_report_and_distribution() -> None:

@@ -226,8 +226,8 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     report: InitReport
     if method.fixup:
         report = fixup_init_(model, generator=generator, depth_scaling=method.depth_scaling, rescale=method.rescale,
-                             base=base, stream_bias=method.stream_bias, expect_biases=method.biases,
-                             expect_scale=method.scale)
+                             base=base, stream_bias=method.stream_bias, stem_mode=method.stem_mode,
+                             expect_biases=method.biases, expect_scale=method.scale)
         if method.zero_branch:
             zero_branches_(model, report)
         report.method = method.init

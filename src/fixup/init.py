@@ -118,6 +118,7 @@ def fixup_init_(
     *,
     generator: torch.Generator | None = None,
     mode: str = "fan_out",
+    stem_mode: str | None = None,
     strict: bool = False,
     depth_scaling: bool = True,
     rescale: float = 1.0,
@@ -132,7 +133,14 @@ def fixup_init_(
         model: a module whose residual blocks declare their branches (``residual_branches()``) and
             which names its classifier (``classifier_layers()``).
         generator: the random generator for the He draws, for reproducible initialisation.
-        mode: He fan convention, ``"fan_out"`` (default) or ``"fan_in"``.
+        mode: He fan convention of the branch layers and shortcut projections, ``"fan_out"`` (default) or
+            ``"fan_in"``.
+        stem_mode: He fan convention of every other weight layer outside the residual branches (in the
+            library's models, the stem). Default: the model's method's (``"fan_in"`` for ``fixup`` and its
+            ablations, ``"fan_out"`` for ``fixup_paper``), and ``"fan_in"`` for a model without one. Without
+            normalisation the stem alone sets the scale of the residual stream, and every block starts as the
+            identity, so the classifier first sees the stem's scale: a fan-in draw keeps the input's, a fan-out
+            draw shrinks it by ``sqrt(fan_in / fan_out)`` (1/4 for one input channel into 16).
         strict: raise, instead of warning, when a branch lacks its scalar multiplier or biases, a
             normalisation layer is still present, or no classifier is declared.
         depth_scaling: apply rule 2's factor (``False`` is the paper's "no depth scaling" ablation).
@@ -148,11 +156,14 @@ def fixup_init_(
     """
     if mode not in FAN_MODES:
         raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
+    own = getattr(model, "method", None)
+    stem_mode = stem_mode or (own.stem_mode if isinstance(own, Method) else "fan_in")
+    if stem_mode not in FAN_MODES:
+        raise ValueError(f"stem_mode must be one of {FAN_MODES}, got {stem_mode!r}")
     if base not in BASE_INITS:
         raise ValueError(f"base must be one of {BASE_INITS}, got {base!r}")
     if not (rescale > 0 and math.isfinite(rescale)):
         raise ValueError(f"rescale must be a positive finite number, got {rescale!r}")
-    own = getattr(model, "method", None)
     stream = stream_bias or (own.stream_bias if isinstance(own, Method) else "budget")
     if stream not in STREAM_BIAS:
         raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {stream_bias!r}")
@@ -236,7 +247,7 @@ def fixup_init_(
                 mod.reset_parameters()
                 num_scalars += 1
             elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
-                std = base_std(mod.weight, base, mode)
+                std = base_std(mod.weight, base, stem_mode)
                 _draw_(mod, std, generator)
                 other.append(_record(name, mod, std))
             elif id(mod) not in handled and any(True for _ in mod.parameters(recurse=False)):
@@ -246,7 +257,7 @@ def fixup_init_(
         num_branches=L, branches=records, classifier=cls_records, other_layers=other, untouched=untouched,
         num_scalars=num_scalars, normalization=norms, warnings=warnings,
         method="fixup" if depth_scaling and rescale == 1.0 else "fixup (ablation)",
-        fan_mode=mode, depth_scaling=depth_scaling, rescale=rescale, base_init=base,
+        fan_mode=mode, stem_fan_mode=stem_mode, depth_scaling=depth_scaling, rescale=rescale, base_init=base,
         num_stream_biases=num_stream, stream_bias=stream if num_stream else "none",
     )
     warn_report(report)

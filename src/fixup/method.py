@@ -11,10 +11,13 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   and in a stage every such bias receives the same gradient, so together they move (blocks per stage)
   times faster than one scalar: the aligned-updates failure that rule 2 prevents for the weights. Our
   default gives those *stream biases* a fixed budget: together they learn at one scalar's rate
-  (:func:`fixup.param_groups`). ``fixup_paper`` is the authors' parameterisation (every scalar at the
-  same rate); ``fixup_no_stream_bias`` takes rule 3 literally (biases before each layer and activation,
-  none added to the stream). The ablations of section 4.3 (table 3) change one thing of ``fixup``:
-  ``fixup_no_depth_scale``, ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``,
+  (:func:`fixup.param_groups`). It corrects a second place: without normalisation the stem alone sets
+  the scale of the residual stream, so it is drawn from its fan-in (He's forward-preserving choice) where
+  the authors' stem has the scale of a fan-out draw, which shrinks the stream by sqrt(fan_in / fan_out)
+  (1/4 for digits into 16 channels). ``fixup_paper`` is the authors' parameterisation (every scalar at the
+  same rate, the stem from its fan-out); ``fixup_no_stream_bias`` takes rule 3 literally (biases before
+  each layer and activation, none added to the stream). The ablations of section 4.3 (table 3) change one
+  thing of ``fixup``: ``fixup_no_depth_scale``, ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``,
   ``fixup_no_bias``, ``fixup_no_scale``.
 - ``norm="none"``: no normalisation and no scalars, with ``he`` (He et al. 2015), ``xavier`` (Glorot &
   Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; finished on a batch by :func:`fixup.baselines.data_init_`)
@@ -50,6 +53,10 @@ class Method:
     biases: bool = False  # branches carry Fixup's scalar biases (rule 3)
     scale: bool = False  # branches carry Fixup's scalar multiplier (rule 3)
     stream_bias: str = "none"  # the bias after a branch's last layer: one of STREAM_BIAS (Fixup forms)
+    # The He fan of the weight layers outside every residual branch (the stem: what feeds the stream). Fixup
+    # forms draw it from its fan-in, so that the stream starts at the input's scale (our correction; see
+    # fixup.fixup_init_); "fan_out" is the authors' scale and what the normalised baselines use.
+    stem_mode: str = "fan_out"
     output_scale: float = 1.0  # multiplier on each residual block's output x + F(x)
     depth_scaling: bool = True  # rule 2's factor L^(-1/(2m-2)) (Fixup forms only)
     rescale: float = 1.0  # rule 2's factor times this (Fixup forms only)
@@ -59,6 +66,8 @@ class Method:
     def __post_init__(self) -> None:
         if self.stream_bias not in STREAM_BIAS:
             raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {self.stream_bias!r}")
+        if self.stem_mode not in ("fan_in", "fan_out"):
+            raise ValueError(f"stem_mode must be 'fan_in' or 'fan_out', got {self.stem_mode!r}")
         if self.zero_init_last_norm and self.norm not in ("batchnorm", "groupnorm"):
             raise ValueError(f"zero_init_last_norm applies to norm='batchnorm' or 'groupnorm', not "
                              f"norm={self.norm!r}")
@@ -89,14 +98,16 @@ class Method:
 
 
 def _fixup(init: str, description: str, **kw: object) -> Method:
-    fields = {"biases": True, "scale": True, "stream_bias": "budget", **kw}
+    fields = {"biases": True, "scale": True, "stream_bias": "budget", "stem_mode": "fan_in", **kw}
     return Method("fixup", init, description, **fields)  # type: ignore[arg-type]
 
 
 _NORMED = "He-initialised convolutions, normalisation gain 1 and shift 0"
 _ALL: tuple[Method, ...] = (
-    _fixup("fixup", "Fixup: rules 1-3 (section 3), the stream biases sharing one scalar's rate (our correction)"),
-    _fixup("fixup_paper", "Fixup as the authors parameterise it: every scalar at the same rate", stream_bias="paper"),
+    _fixup("fixup", "Fixup: rules 1-3 (section 3), the stream biases sharing one scalar's rate and the stem drawn "
+           "from its fan-in (our corrections)"),
+    _fixup("fixup_paper", "Fixup as the authors parameterise it: every scalar at the same rate, the stem drawn from "
+           "its fan-out", stream_bias="paper", stem_mode="fan_out"),
     _fixup("fixup_no_stream_bias", "Fixup with rule 3 taken literally: no bias added to the residual stream",
            stream_bias="none"),
     _fixup("fixup_no_depth_scale", "Fixup without rule 2's depth factor (ablation)", depth_scaling=False),

@@ -251,6 +251,8 @@ class FixupReport(InitReport):
     depth_scaling: bool = True
     rescale: float = 1.0
     base_init: str = "he"
+    # The He fan of the weight layers outside the branches (the stem); "fan_out" in reports written before it.
+    stem_fan_mode: str = "fan_out"
     # The scalar bias after each branch's last layer, on the residual stream: how many, and how they learn
     # ("budget": together at one scalar's rate; "paper": each at the scalar rate; "none": absent).
     num_stream_biases: int = 0
@@ -297,7 +299,7 @@ class FixupReport(InitReport):
         if self.shortcuts:
             lines.append(f"shortcut projections (He, not depth-scaled): {len(self.shortcuts)}")
         if self.other_layers:
-            base = "He" if self.base_init == "he" else "Xavier"
+            base = f"He with {self.stem_fan_mode}" if self.base_init == "he" else "Xavier"
             lines.append(f"other weight layers ({base}, not depth-scaled): " + _some(self.other_layers, 4))
         if self.untouched:
             lines.append("left alone: " + _some(self.untouched, 6))
