@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", default=None, help="lr schedule (default: the engine's, step)")
     p.add_argument("--channels", type=int, default=0, help="input channels (0: as stored)")
     p.add_argument("--scalar-lr-mult", type=float, default=None, help="scalars' rate (default: the engine's, 0.1)")
+    p.add_argument("--grad-clip", type=float, default=None,
+                   help="clip the global gradient norm to this (default: the engine's; 0 turns it off)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (default: one per core)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per run (default 1: on a shared machine more threads spin and slow it down)")
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     fixed: dict[str, Any] = {"model": a.model, "epochs": a.epochs, "batch_size": a.batch_size, "channels": a.channels,
                              "width": a.width, "checkpoint": False}
-    for name in ("lr", "schedule", "scalar_lr_mult"):
+    for name in ("lr", "schedule", "scalar_lr_mult", "grad_clip"):
         if getattr(a, name) is not None:
             fixed[name] = getattr(a, name)
     jobs = [{**fixed, "depth": d, "method": m, "seed": s, "threads": a.threads}

@@ -3,8 +3,9 @@
 Fixup's claim (section 4.1) is that the rule makes the normalised network's learning rate usable
 without normalisation. Two models written elsewhere, adapted from their normalised form: a
 torchvision-style ResNet (BasicBlock, projection shortcuts) and a classifier built on
-``nn.TransformerEncoder`` that reads each 8x8 digit as a sequence of 8 rows. A short plain SGD loop
-(momentum 0.9, weight decay 5e-4, batch 64), a few seconds each on one core.
+``nn.TransformerEncoder`` that reads each 8x8 digit as a sequence of 8 rows. A short plain SGD loop over
+``fixup.param_groups`` (momentum 0.9, weight decay 5e-4, batch 64, no clipping), a few seconds each on one
+core; a normalised model's groups hold only its weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from fixup import adapt
+from fixup import adapt, param_groups
 from fixup.data import load_digits
 from test_adapt import BasicBlock, ResNet, no_norm_left
 
@@ -25,9 +26,9 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _train(model: nn.Module, shape: tuple[int, ...], epochs: int, seed: int = 0) -> tuple[float, list[float]]:
-    """Train with SGD at lr 0.1; return the test accuracy and the training losses."""
+    """Train with SGD at lr 0.1 over the model's optimiser groups; return the test accuracy and the losses."""
     xtr, ytr, xte, yte = _digits()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    opt = torch.optim.SGD(param_groups(model, lr=0.1, weight_decay=5e-4), lr=0.1, momentum=0.9)
     order = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(epochs):

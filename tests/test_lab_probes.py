@@ -52,7 +52,10 @@ def test_fixup_step_k_is_bounded_in_depth_while_no_depth_scale_and_he_grow():
                        scalar_lr_factor=0.0)
     df = {(r["method"], r["depth"]): r["df_max"] for r in res["records"]}
     assert df[("fixup", 110)] < 1.5 * df[("fixup", 20)]
-    assert df[("fixup_no_depth_scale", 110)] > 30 * df[("fixup_no_depth_scale", 20)]
+    # without rule 2's factor Δf grows with depth until the logits' change saturates (about 5 from 56 layers on,
+    # with the stem drawn from its fan-in), far beyond Fixup's at the same depth
+    assert df[("fixup_no_depth_scale", 110)] > 10 * df[("fixup_no_depth_scale", 20)]
+    assert df[("fixup_no_depth_scale", 110)] > 30 * df[("fixup", 110)]
     he = update_sweep("resnet_cifar", (20, 56), methods=("none",), steps=(1,))["records"]
     shallow, deep = (r["df"] for r in he)
     assert not math.isfinite(deep) or deep > 100 * shallow

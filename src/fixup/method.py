@@ -12,13 +12,13 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   times faster than one scalar: the aligned-updates failure that rule 2 prevents for the weights. Our
   default gives those *stream biases* a fixed budget: together they learn at one scalar's rate
   (:func:`fixup.param_groups`). It corrects a second place: without normalisation the stem alone sets
-  the scale of the residual stream, so it is drawn from its fan-in (He's forward-preserving choice) where
-  the authors' stem has the scale of a fan-out draw, which shrinks the stream by sqrt(fan_in / fan_out)
-  (1/4 for digits into 16 channels). ``fixup_paper`` is the authors' parameterisation (every scalar at the
-  same rate, the stem from its fan-out); ``fixup_no_stream_bias`` takes rule 3 literally (biases before
-  each layer and activation, none added to the stream). The ablations of section 4.3 (table 3) change one
-  thing of ``fixup``: ``fixup_no_depth_scale``, ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``,
-  ``fixup_no_bias``, ``fixup_no_scale``.
+  the scale of the residual stream, so it is drawn from its fan-in (He's forward-preserving choice); a
+  fan-out draw (torchvision's convention, and the one the other layers keep) shrinks the stream by
+  sqrt(fan_in / fan_out), 1/4 for digits into 16 channels. ``fixup_paper`` is the authors'
+  parameterisation (every scalar at the same rate, the stem from its fan-out); ``fixup_no_stream_bias``
+  takes rule 3 literally (biases before each layer and activation, none added to the stream). The
+  ablations of section 4.3 (table 3) change one thing of ``fixup``: ``fixup_no_depth_scale``,
+  ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``, ``fixup_no_bias``, ``fixup_no_scale``.
 - ``norm="none"``: no normalisation and no scalars, with ``he`` (He et al. 2015), ``xavier`` (Glorot &
   Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; finished on a batch by :func:`fixup.baselines.data_init_`)
   or ``sqrt2`` (He, and each residual block's output ``x + F(x)`` times 1/sqrt(2): section 4.1's baseline).

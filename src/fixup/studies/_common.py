@@ -67,8 +67,9 @@ def image_train(grid: Grid, method: str, seed: int, *, data: str | None = None, 
     :data:`fixup.data.DATASETS`) and ``data_dir`` are given; the grid's image size then does not apply.
     """
     own = data is not None
+    # No gradient clipping: the paper's protocol, under which methods without normalisation may diverge.
     train: dict[str, Any] = {"task": "images", "dataset": data if own else grid.data, "seed": seed,
-                             "device": grid.device, **method_model_args(method), **fields}
+                             "device": grid.device, "grad_clip": 0.0, **method_model_args(method), **fields}
     folder = data_dir if own else grid.data_dir
     if folder:
         train["data_dir"] = folder

@@ -133,7 +133,9 @@ class OptimisationOptions:
     weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
     scalar_lr_mult: float = 0.1  # lr multiplier of Fixup's scalars (the authors' code: 0.1); see fixup.param_groups
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
-    grad_clip: float = 0.0  # clip the global gradient norm to this value (0 = off)
+    # 1.0 by default: without normalisation a run at lr 0.1 can blow up after its loss has fallen (docs/training.md,
+    # "Gradient clipping"); the studies and the translation recipes set 0, the protocol of their figures.
+    grad_clip: float = 1.0  # clip the global gradient norm to this value (0 = off)
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma
     gamma: float = 0.1  # step schedule: the factor at each milestone

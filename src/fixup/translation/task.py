@@ -38,7 +38,8 @@ __all__ = ["RECIPES", "TranslationOptions", "TranslationTask", "translation_conf
 # "tiny": the same optimiser, scaled to transformer_tiny on the generated task on a 2-core CPU
 # (measured in docs/translation.md): 600 updates of at most 2048 tokens, 100 warm-up steps, rate 3e-3.
 _COMMON = {"task": "translation", "norm": "fixup", "optimizer": "adam", "betas": (0.9, 0.98),
-           "schedule": "inverse_sqrt", "label_smoothing": 0.1, "weight_decay": 1e-4, "epochs": 100000}
+           "schedule": "inverse_sqrt", "label_smoothing": 0.1, "weight_decay": 1e-4, "epochs": 100000,
+           "grad_clip": 0.0}
 RECIPES: dict[str, dict[str, Any]] = {
     "iwslt": {**_COMMON, "model": "transformer_iwslt_de_en", "lr": 5e-4, "warmup_steps": 4000, "dropout": 0.3,
               "max_updates": 200000},
