@@ -5,12 +5,14 @@ accuracy of some of them, adapted (no normalisation) beside the same model with 
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only accounting   # the first table (about a minute)
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models "resnet18 (fixup-lab)" \
         "resnet18 (torchvision ResNet)" --forms fixup --seeds 5 --lr 0.05   # the ResNet-18 rate sweep
+    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models "resnet18 (fixup-lab)" \
+        "resnet18 (torchvision ResNet)" --seeds 5 --grad-clip 1   # the same loop, clipping the gradient norm
 
 Training: digits (1,437 train / 360 test, the library's fixed split) upsampled to 32x32, three channels,
 standardised; SGD over ``fixup.param_groups(model, lr=0.1, weight_decay=5e-4)`` with momentum 0.9, batch 64,
 ``--steps`` steps at a constant rate; the seed fixes the initialisation and the batch order. Accuracy on the
-360 test digits after the last step. The normalised form trains with the same loop (its groups hold only
-weights). Figures: mean +- std over n seeds.
+360 test digits after the last step; ``--grad-clip`` clips the global gradient norm before each step. The
+normalised form trains with the same loop (its groups hold only weights). Figures: mean +- std over n seeds.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def _logits(out: object) -> torch.Tensor:
 
 
 def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Tensor, ...],
-              resnet18_width: int, lr: float = 0.1, scalar_lr_mult: float = 0.1) -> dict[str, float]:
+              resnet18_width: int, lr: float = 0.1, scalar_lr_mult: float = 0.1,
+              grad_clip: float = 0.0) -> dict[str, float]:
     xtr, ytr, xte, yte = data
     torch.manual_seed(seed)
     if name == OURS:
@@ -116,6 +119,8 @@ def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Ten
         loss = F.cross_entropy(_logits(model(xtr[idx])), ytr[idx])
         opt.zero_grad()
         loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         losses.append(loss.item())
     model.eval()
@@ -125,13 +130,14 @@ def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Ten
 
 
 def training(seeds: int, steps: int, names: list[str], resnet18_width: int, lr: float,
-             forms: tuple[str, ...], scalar_lr_mult: float) -> list[dict[str, object]]:
+             forms: tuple[str, ...], scalar_lr_mult: float, grad_clip: float = 0.0) -> list[dict[str, object]]:
     data = _digits()
     rows = []
     for name in names:
         for form in forms:
             start = time.time()
-            runs = [train_one(name, form, s, steps, data, resnet18_width, lr, scalar_lr_mult) for s in range(seeds)]
+            runs = [train_one(name, form, s, steps, data, resnet18_width, lr, scalar_lr_mult, grad_clip)
+                    for s in range(seeds)]
             accs = [r["acc"] for r in runs]
             rows.append({"model": name, "form": form, "accs": accs, "mean": statistics.mean(accs),
                          "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "n": len(accs),
@@ -153,12 +159,14 @@ def main() -> None:
                    help="ResNet-18's base width (torchvision's is 64: about 5 s a step on 2 shared cores)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the weights (scalars: fixup.param_groups)")
     p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
+    p.add_argument("--grad-clip", type=float, default=0.0,
+                   help="clip the global gradient norm to this before each step (0, the default: no clipping)")
     p.add_argument("--forms", nargs="*", default=["fixup", "normalised"], choices=["fixup", "normalised"])
     p.add_argument("--json", default=None, help="write both tables as JSON")
     args = p.parse_args()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     out: dict[str, object] = {"settings": {"seeds": args.seeds, "steps": args.steps, "batch": 64, "lr": args.lr,
-                                           "scalar_lr_mult": args.scalar_lr_mult,
+                                           "scalar_lr_mult": args.scalar_lr_mult, "grad_clip": args.grad_clip,
                                            "momentum": 0.9, "weight_decay": 5e-4, "image_size": 32,
                                            "resnet18_width": args.resnet18_width}}
     if args.only in (None, "accounting"):
@@ -168,7 +176,7 @@ def main() -> None:
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
     if args.only in (None, "training"):
         out["training"] = training(args.seeds, args.steps, args.models, args.resnet18_width, args.lr,
-                                   tuple(args.forms), args.scalar_lr_mult)
+                                   tuple(args.forms), args.scalar_lr_mult, args.grad_clip)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

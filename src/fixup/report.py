@@ -300,7 +300,9 @@ class FixupReport(InitReport):
             lines.append(f"shortcut projections (He, not depth-scaled): {len(self.shortcuts)}")
         if self.other_layers:
             base = f"He with {self.stem_fan_mode}" if self.base_init == "he" else "Xavier"
-            lines.append(f"other weight layers ({base}, not depth-scaled): " + _some(self.other_layers, 4))
+            why = ("; with no normalisation the stem sets the stream's scale, which a fan-in draw keeps at the "
+                   "input's (our correction)" if self.base_init == "he" and self.stem_fan_mode == "fan_in" else "")
+            lines.append(f"other weight layers ({base}, not depth-scaled): " + _some(self.other_layers, 4) + why)
         if self.untouched:
             lines.append("left alone: " + _some(self.untouched, 6))
         biases = sum(b.num_biases for b in self.branches)
