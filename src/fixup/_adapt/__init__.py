@@ -122,7 +122,8 @@ def adapt(
             exists with the same name and shape; the report lists what was loaded and dropped (see
             :func:`load_original`, which does the same on an adapted model later).
         generator, mode, init_options: passed to :func:`fixup.fixup_init_` (the random draws, the fan
-            convention, e.g. ``base="xavier"``).
+            convention, e.g. ``base="xavier"``, or ``stem_mode="fan_out"`` for the layers outside the
+            branches, drawn from their fan-in by default).
         leaf_modules: module types to record whole (never searched for branches).
     """
     args = _inputs(example_input)
