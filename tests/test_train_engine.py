@@ -210,3 +210,31 @@ def test_rerunning_a_finished_run_says_so_and_force_trains_again(tmp_path, capsy
     assert "already ended (completed after 6 steps" in again.err and "Add --force" in again.err
     assert cli_main([*args, "--force"]) == 0
     assert "completed after 1 epoch(s), 6 steps" in capsys.readouterr().out
+
+
+def test_the_default_clips_the_gradient_norm_before_the_step() -> None:
+    assert TrainConfig().grad_clip == 1.0
+    # one plain SGD step (no momentum, no decay, every group at lr 1 but the budgeted stream biases): the weights
+    # move by exactly the clipped gradient
+    base = dict(depth=8, batch_size=64, max_updates=1, momentum=0.0, weight_decay=0.0, scalar_lr_mult=1.0,
+                schedule="constant", checkpoint=False)
+    start = _weights(fit(TrainConfig(**base, lr=0.0), progress=False).model)
+
+    def moved(clip: float) -> float:
+        model = fit(TrainConfig(**base, lr=1.0, grad_clip=clip), progress=False).model
+        return torch.cat([(v - start[k]).flatten() for k, v in _weights(model).items()]).norm().item()
+
+    # at initialisation only the classifier has a gradient, of norm about 0.34 here
+    assert moved(0.0) > 0.1  # larger than the bound below: clipping has work to do
+    assert 0.5 * 0.01 < moved(0.01) <= 0.01 * (1 + 1e-4)
+
+
+def test_studies_and_translation_recipes_train_without_clipping() -> None:
+    from fixup.studies import depth
+    from fixup.studies.grid import make_grid
+    from fixup.studies.store import Store
+    from fixup.translation.task import translation_config
+
+    tasks = depth.plan(make_grid("quick"), Store("/nonexistent")).tasks
+    assert tasks and all(t.cell.config["train"]["grad_clip"] == 0.0 for t in tasks)  # the paper's protocol
+    assert translation_config("tiny").grad_clip == 0.0 and translation_config("iwslt").grad_clip == 0.0
