@@ -55,7 +55,7 @@ class Method:
     stream_bias: str = "none"  # the bias after a branch's last layer: one of STREAM_BIAS (Fixup forms)
     # The He fan of the weight layers outside every residual branch (the stem: what feeds the stream). Fixup
     # forms draw it from its fan-in, so that the stream starts at the input's scale (our correction; see
-    # fixup.fixup_init_); "fan_out" is the authors' scale and what the normalised baselines use.
+    # fixup.fixup_init_); "fan_out" is the other layers' convention, kept by fixup_paper and the baselines.
     stem_mode: str = "fan_out"
     output_scale: float = 1.0  # multiplier on each residual block's output x + F(x)
     depth_scaling: bool = True  # rule 2's factor L^(-1/(2m-2)) (Fixup forms only)
