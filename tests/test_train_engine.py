@@ -138,6 +138,8 @@ def test_run_log_lists_groups(tmp_path) -> None:
 def test_schedules() -> None:
     step = TrainConfig(schedule="step", milestones=(0.5, 0.75))
     assert [lr_factor(s, 100, step) for s in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, .1, .1, .01, .01])
+    # a milestone never falls before the first step (round(0.5 * 1) is 0): a one-step run is at the peak rate
+    assert lr_factor(0, 1, step) == 1.0 and [lr_factor(s, 2, step) for s in (0, 1)] == pytest.approx([1, .1])
     cos = TrainConfig(schedule="cosine", warmup_steps=10)
     assert lr_factor(0, 110, cos) == pytest.approx(0.1) and lr_factor(9, 110, cos) == pytest.approx(1.0)
     assert lr_factor(60, 110, cos) == pytest.approx(0.5) and lr_factor(110, 110, cos) == pytest.approx(0.0)

@@ -44,7 +44,7 @@ def lr_factor(step: int, total: int, config: TrainConfig) -> float:
 
     - ``constant``: 1.
     - ``step``: ``gamma`` to the number of ``milestones`` (fractions of ``total``) already passed (the
-      CIFAR ResNet recipe: divide by 10 at 50% and 75%).
+      CIFAR ResNet recipe: divide by 10 at 50% and 75%); the first step always runs at the peak rate.
     - ``cosine``: half a cosine from 1 to 0 over the steps after warm-up (Loshchilov & Hutter 2017).
     - ``inverse_sqrt``: ``sqrt(warmup / (step + 1))`` after warm-up (Vaswani et al. 2017, section 5.3).
 
@@ -53,7 +53,7 @@ def lr_factor(step: int, total: int, config: TrainConfig) -> float:
     warm = config.warmup_steps
     factor = (step + 1) / warm if step < warm else 1.0
     if config.schedule == "step":
-        factor *= config.gamma ** sum(step >= round(m * total) for m in config.milestones)
+        factor *= config.gamma ** sum(step >= max(1, round(m * total)) for m in config.milestones)
     elif config.schedule == "cosine":
         progress = min(1.0, max(0.0, (step - warm) / max(1, total - warm)))
         factor *= 0.5 * (1.0 + math.cos(math.pi * progress))
