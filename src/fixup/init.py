@@ -21,13 +21,12 @@ import torch
 from torch import nn
 
 from .branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_classifier
-from .method import STREAM_BIAS, Method
+from .method import FAN_MODES, STREAM_BIAS, Method
 from .nn import Bias, Scale
 from .report import BranchRecord, FixupReport, LayerRecord, describe_norm, warn_report
 
 __all__ = ["BASE_INITS", "FAN_MODES", "base_std", "branch_scale", "fixup_init_", "he_std", "xavier_std"]
 
-FAN_MODES = ("fan_in", "fan_out")
 # The standard initialisation rule 2 starts from before depth scaling: He et al. (2015) for ReLU
 # networks (the paper's ResNets), Glorot & Bengio (2010) "Xavier" for the Transformer, whose
 # attention projections are not followed by a ReLU (the authors' fairseq code, Fixup section 5).

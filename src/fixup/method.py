@@ -32,7 +32,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_INIT", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
+__all__ = ["DEFAULT_INIT", "FAN_MODES", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
 
 NORMS = ("fixup", "batchnorm", "groupnorm", "layernorm", "none")
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
@@ -41,6 +41,8 @@ SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the dept
 #   "paper":  on the stream, at the scalar rate each (the authors' parameterisation);
 #   "none":   absent: rule 3 taken literally, a bias before each layer and activation, none on the stream.
 STREAM_BIAS = ("budget", "paper", "none")
+# He's two fan conventions: fan_in keeps the forward signal's scale, fan_out the backward one's.
+FAN_MODES = ("fan_in", "fan_out")
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class Method:
     def __post_init__(self) -> None:
         if self.stream_bias not in STREAM_BIAS:
             raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {self.stream_bias!r}")
-        if self.stem_mode not in ("fan_in", "fan_out"):
-            raise ValueError(f"stem_mode must be 'fan_in' or 'fan_out', got {self.stem_mode!r}")
+        if self.stem_mode not in FAN_MODES:
+            raise ValueError(f"stem_mode must be one of {FAN_MODES}, got {self.stem_mode!r}")
         if self.zero_init_last_norm and self.norm not in ("batchnorm", "groupnorm"):
             raise ValueError(f"zero_init_last_norm applies to norm='batchnorm' or 'groupnorm', not "
                              f"norm={self.norm!r}")
