@@ -14,7 +14,7 @@ from torch import nn
 
 from .branch import WEIGHT_LAYERS, find_branches
 from .groups import unwrap
-from .init import fixup_init_
+from .init import fixup_init_, groups_of, he_std, orthonormal_, xavier_std
 from .lsuv import lsuv_
 from .method import METHODS, Method, resolve_method
 from .nn import Bias, Scale
@@ -98,8 +98,7 @@ def he_init_(model: nn.Module, *, generator: torch.Generator | None = None, mode
         if isinstance(mod, nn.Linear):
             std = _default_linear_(mod, generator)
         else:
-            fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(mod.weight)
-            std = math.sqrt(2.0 / (fan_out if mode == "fan_out" else fan_in))
+            std = he_std(mod.weight, mode, groups_of(mod))
             mod.weight.normal_(0.0, std, generator=generator)
             if mod.bias is not None:
                 mod.bias.zero_()
@@ -116,11 +115,11 @@ def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None) 
     """Xavier (Glorot & Bengio 2010) uniform for every weight layer, biases 0."""
     records = []
     for name, mod in _named_weight_layers(model):
-        nn.init.xavier_uniform_(mod.weight, generator=generator)
+        std = xavier_std(mod.weight, groups_of(mod))
+        mod.weight.uniform_(-math.sqrt(3.0) * std, math.sqrt(3.0) * std, generator=generator)  # uniform of that std
         if mod.bias is not None:
             mod.bias.zero_()
-        fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(mod.weight)
-        records.append(_record(name, mod, math.sqrt(2.0 / (fan_in + fan_out))))
+        records.append(_record(name, mod, std))
     scalars = _reset_norms_and_scalars(model)
     return _plain_report(model, "xavier", "Xavier uniform, gain 1, biases 0", records, scalars)
 
@@ -130,10 +129,11 @@ def orthonormal_init_(model: nn.Module, *, generator: torch.Generator | None = N
     """Orthonormal weights (Saxe et al. 2014) for every weight layer, biases 0: LSUV's first step."""
     records = []
     for name, mod in _named_weight_layers(model):
-        nn.init.orthogonal_(mod.weight, generator=generator)
+        groups = groups_of(mod)
+        orthonormal_(mod.weight, groups, generator)
         if mod.bias is not None:
             mod.bias.zero_()
-        rows, cols = mod.weight.shape[0], mod.weight[0].numel()
+        rows, cols = mod.weight.shape[0] // groups, mod.weight[0].numel()
         records.append(_record(name, mod, math.sqrt(1.0 / max(rows, cols))))  # orthonormal rows (or columns)
     scalars = _reset_norms_and_scalars(model)
     return _plain_report(model, "lsuv", "orthonormal (LSUV step 1); LSUV rescaling pending", records, scalars)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .branch import WEIGHT_LAYERS
+from .init import groups_of, orthonormal_
 from .report import LSUVRecord
 
 __all__ = ["lsuv_"]
@@ -52,7 +53,7 @@ def lsuv_(model: nn.Module, batch: Tensor, *, tol: float = 0.1, max_iter: int = 
         raise ValueError(f"{type(model).__name__} has no nn.Linear or nn.Conv* layer for LSUV to calibrate")
     if orthonormal:
         for layer in names:
-            nn.init.orthogonal_(layer.weight, generator=generator)
+            orthonormal_(layer.weight, groups_of(layer), generator)
             if layer.bias is not None:
                 layer.bias.zero_()
     records: list[LSUVRecord] = []
