@@ -31,9 +31,22 @@ SCALAR_LR_MULT = 0.1  # the scalars' rate relative to the weights' (the authors'
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside DataParallel / DistributedDataParallel wrappers."""
+    _check_module(model)
     while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         model = model.module
     return model
+
+
+def _check_module(model: object) -> None:
+    """Refuse anything but a module, saying what to pass (``fixup.adapt`` returns a ``(model, report)`` pair)."""
+    if isinstance(model, nn.Module):
+        return
+    if isinstance(model, tuple) and model and isinstance(model[0], nn.Module):
+        raise TypeError(f"expected an nn.Module, got a tuple ({', '.join(type(v).__name__ for v in model)}): "
+                        "fixup.adapt returns the model and its report; unpack them with "
+                        "`model, report = fixup.adapt(...)` and pass `model`")
+    raise TypeError(f"expected an nn.Module (the model whose parameters to group), got {type(model).__name__}: "
+                    f"{model!r:.80}")
 
 
 def stream_biases(model: nn.Module) -> list[Bias]:
@@ -56,7 +69,8 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
     parameters (``requires_grad=False``) too.
 
     Args:
-        model: any module (a DistributedDataParallel wrapper is looked through).
+        model: any module (a DistributedDataParallel wrapper is looked through); anything else, such as the
+            ``(model, report)`` pair :func:`fixup.adapt` returns, is a ``TypeError`` saying what to pass.
         lr: the weights' learning rate (the peak of the schedule).
         weight_decay: the weights' decay.
         scalar_lr_mult: the scalars' rate relative to ``lr``.
@@ -64,6 +78,7 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         stream_budget: give the stream biases one scalar's rate between them. ``None``: as the model's own
             method says where it was built with one (``fixup_paper`` has no budget), else on.
     """
+    _check_module(model)
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult)):
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
