@@ -3,6 +3,7 @@ issue 17 found (a hidden divergence, verdicts from incomplete cells, a verdict a
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -26,8 +27,44 @@ def C(*values: float, planned: int | None = None, **failed: int) -> Cells:
     return Cells(planned, tuple(values), failed)
 
 
-def test_the_five_verdicts():
-    assert VERDICTS == (REPRODUCED, DIRECTION, NOT_REPRODUCED, UNRESOLVED, NOT_RUN)
+# The verdicts exactly as report.md and results.json spell them: what readers and scripts match on.
+LITERAL_VERDICTS = ("reproduced", "direction reproduced at reduced scale", "not reproduced",
+                    "cannot be resolved at this scale", "not run")
+
+
+def test_the_five_verdicts(tmp_path):
+    assert VERDICTS == LITERAL_VERDICTS
+    # Each rule gives its verdict as that literal string.
+    groups = {"Fixup": C(0.9, 0.91), "BatchNorm": C(0.92, 0.9)}
+    got = [judge(groups, holds=True, paper_scale=True).verdict,
+           judge(groups, holds=True, paper_scale=False).verdict,
+           judge(groups, holds=False, paper_scale=False, contrary=True, ci=0.05).verdict,
+           judge(groups, holds=False, paper_scale=False, contrary=False, ci=0.05).verdict,
+           judge({"Fixup": C(planned=2)}, holds=True, paper_scale=True).verdict]
+    assert got == list(LITERAL_VERDICTS)
+    # And the written report carries them: one constructed row per verdict, through write_report.
+    from fixup.studies.base import StudyOutput
+    from fixup.studies.claims import ClaimRow
+    from fixup.studies.report import write_report
+
+    claims = ["depth_fixup_trains_deep", "cifar10_resnet110", "ablation_scale_x0.1", "ablation_scale_x10",
+              "ablation_no_bias"]
+    rows = {c: ClaimRow(c, "ours", "scale", v, "why") for c, v in zip(claims, LITERAL_VERDICTS, strict=True)}
+    outputs = {study: StudyOutput({}, [r for c, r in rows.items() if c.startswith(prefix)], "", [])
+               for study, prefix in (("depth", "depth"), ("regularisation", "cifar10"), ("ablation", "ablation"))}
+    md_path, json_path = write_report(tmp_path, make_grid("quick"), outputs, {}, timing={})
+    md = md_path.read_text()
+    for verdict in LITERAL_VERDICTS:
+        assert f"| **{verdict}** (why) |" in md
+    counts = next(line for line in md.splitlines() if line.startswith("Verdicts: ")).split(". ")[0]
+    n_claims = len(json.loads(json_path.read_text())["claims"])
+    assert sorted(counts.removeprefix("Verdicts: ").split(", ")) == sorted(
+        [f"1 {v}" for v in LITERAL_VERDICTS[:4]] + [f"{n_claims - 4} not run"])
+    by_claim = {r["claim"]: r["verdict"] for r in json.loads(json_path.read_text())["claims"]}
+    assert [by_claim[c] for c in claims] == list(LITERAL_VERDICTS)
+    assert by_claim["translation_wmt"] == "not run"
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        ClaimRow("depth_fixup_trains_deep", "", "", "Reproduced")
 
 
 def test_rule1_missing_data_is_not_run():
