@@ -11,7 +11,11 @@ of the same class, in which (:mod:`fixup._adapt._rewrite`)
 * every branch has a scalar multiplier after its last weight layer (or its own layer scale) and scalar
   biases before its weight layers and activations (Fixup, section 3, rule 3), and the classifier a bias;
 * the blocks declare their branches and the model its classifier, so that :func:`fixup.fixup_init_`
-  does the counting (L, m per branch, the factors, the zeroed layers).
+  does the counting (L, m per branch, the factors, the zeroed layers);
+* the weight layers that carry the stream outside the branches (the *trunk*: stem, projection shortcuts,
+  downsampling layers, blocks without a skip) are declared as ``model.trunk_layers()`` and set by the trunk
+  rule (:mod:`fixup._adapt._trunk`) so that the stream keeps its scale at initialisation; the report lists
+  each with its measured output RMS, and the stream's RMS stage by stage (:mod:`fixup.lab.signal`).
 
 Its methods, attributes and the ``state_dict`` keys of every weight layer stay as they were.
 """
@@ -27,15 +31,19 @@ from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
 from ..init import fixup_init_
+from ..lab.signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from ..report import warn_report
 from . import _vocab as V
 from ._graph import AdaptError, analyse
+from ._modules import DeclaredTrunk
 from ._record import Recording, record
 from ._report import AdaptReport, NormChange, ResidualRecord
 from ._rewrite import Rewriter
+from ._trunk import TRUNK_RULES, TrunkRecord, trunk_init_
 from ._weights import WeightsLoaded, load_original, untie_
 
-__all__ = ["AdaptError", "AdaptReport", "NormChange", "ResidualRecord", "WeightsLoaded", "adapt", "load_original"]
+__all__ = ["TRUNK_RULES", "AdaptError", "AdaptReport", "NormChange", "ResidualRecord", "TrunkRecord", "WeightsLoaded",
+           "adapt", "load_original", "trunk_init_"]
 
 
 def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -100,6 +108,7 @@ def adapt(
     state_dict: Mapping[str, Tensor] | None = None,
     generator: torch.Generator | None = None,
     mode: str = "fan_out",
+    trunk: str = "lsuv",
     leaf_modules: tuple[type[nn.Module], ...] = (),
     **init_options: Any,
 ) -> tuple[nn.Module, AdaptReport]:
@@ -124,8 +133,18 @@ def adapt(
         generator, mode, init_options: passed to :func:`fixup.fixup_init_` (the random draws, the fan
             convention, e.g. ``base="xavier"``, or ``stem_mode="fan_out"`` for the layers outside the
             branches, drawn from their fan-in by default).
+        trunk: the rule for the weight layers outside the branches that carry the stream (stem, projection
+            shortcuts, downsampling layers, blocks without a skip), one of ``TRUNK_RULES``: ``"lsuv"`` (default)
+            scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
+            He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
         leaf_modules: module types to record whole (never searched for branches).
+
+    The report lists every trunk layer with its rule and measured output RMS (``report.trunk``) and the
+    stream's RMS at each stage's output relative to the input's (``report.stream``), with a warning for a
+    stage outside ``SIGNAL_BAND`` (0.5x to 2x) or a trunk layer no rule could set.
     """
+    if trunk not in TRUNK_RULES:
+        raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
     args = _inputs(example_input)
     name = type(model).__name__
     source = copy.deepcopy(model)
@@ -166,7 +185,13 @@ def adapt(
                for _, b in pairs for layer in [*b.layers, *([b.shortcut] if b.shortcut is not None else [])]]
     untied = untie_(source, [*touched, *classifier], names, untie_weights)
     rw.declare(declared, classifier)
+    trunk_modules = [source.get_submodule(str(n.target)) for n in analysis.trunk]
+    source.trunk_layers = DeclaredTrunk([m for m in trunk_modules
+                                         if isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() >= 2])
     report = fixup_init_(source, generator=generator, mode=mode, **init_options)
+    trunk_records = trunk_init_(source, args, trunk)
+    blocks = residual_blocks(source)  # none when the root itself computes every residual sum
+    signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
     branch_names = {id(b): n for n, b in find_branches(source)}
     _in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
     after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
@@ -188,6 +213,10 @@ def adapt(
         notes.append("the forward computes differently in train mode than in eval mode (a Python branch on "
                      "self.training other than dropout modules); the residual sums were found in eval mode")
     new_warnings = [*problems, *untied, *notes]
+    new_warnings += [f"trunk layer {t.name!r} ({t.type}): {t.note}" for t in trunk_records if t.note]
+    lo, hi = SIGNAL_BAND
+    new_warnings += [f"the stream leaves [{lo}, {hi}]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
+                     "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
     if loaded.zeroed_overwritten:
         new_warnings.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
                             f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
@@ -196,6 +225,7 @@ def adapt(
     result = AdaptReport(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
                          nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
                          layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
-                         weights_loaded=loaded.loaded, weights_dropped=loaded.dropped)
+                         weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
+                         trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages)
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
     return source, result

@@ -63,6 +63,7 @@ class Analysis:
     classifier: list[fx.Node]
     problems: list[Problem]
     notes: list[str]
+    trunk: list[fx.Node] = field(default_factory=list)  # weight layers carrying the stream outside the branches
 
 
 class _Ancestry:
@@ -256,6 +257,41 @@ class _Analyser:
         last = [c for c in cands if not any(d is not c and self.anc.has(d, c) for d in cands)]
         return [c for c in last if self._plainly_reaches(c, output)]
 
+    def trunk(self, residuals: list[Residual], classifier: list[fx.Node]) -> list[fx.Node]:
+        """Weight layers outside every branch that carry the stream, in execution order: the stem, projection
+        shortcuts, downsampling layers, the layers of blocks without a skip. Branch layers, gate layers and the
+        classifier are not trunk layers; a layer called more than once is listed at its first call."""
+        inside = {n for r in residuals for n in (*r.layers, *r.gates)} | set(classifier)
+        out: list[fx.Node] = []
+        seen: set[str] = set()
+        memo: dict[fx.Node, bool] = {}
+        for n in self.anc.nodes:
+            if T.is_weight_unit(n, self.modules) and n not in inside and str(n.target) not in seen \
+                    and not self._feeds_only_gates(n, memo):
+                seen.add(str(n.target))
+                out.append(n)
+        return out
+
+    def _feeds_only_gates(self, node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
+        """Every use of ``node``'s output ends in a sigmoid gate (squeeze-excite's layers), through other layers
+        that feed only gates, before it reaches the output or another weight layer's data."""
+        if node not in memo:
+            memo[node] = False  # a cycle cannot occur in a recording; this guards the recursion anyway
+            stack, seen, ok = [u for u in node.users if node in T.data_inputs(u)], set(), True
+            while stack and ok:
+                u = stack.pop()
+                if u in seen or T.is_gate(u, self.modules):
+                    continue
+                seen.add(u)
+                if u.op == "output":
+                    ok = False
+                elif T.is_weight_unit(u, self.modules):
+                    ok = self._feeds_only_gates(u, memo)
+                else:
+                    stack.extend(v for v in u.users if u in T.data_inputs(v))
+            memo[node] = ok and bool(node.users)
+        return memo[node]
+
     def _plainly_reaches(self, node: fx.Node, output: fx.Node) -> bool:
         """``node`` reaches the output through pass-through operations only (a head, not a pooler's dense
         layer followed by tanh)."""
@@ -310,7 +346,7 @@ def analyse(graph: fx.Graph, modules: dict[str, nn.Module]) -> Analysis:
     residuals = [r for i, r in enumerate(found) if i not in bad]
     output = next(n for n in graph.nodes if n.op == "output")
     classifier = an.classifier(residuals, output)
-    return Analysis(residuals, classifier, an.problems, an.notes)
+    return Analysis(residuals, classifier, an.problems, an.notes, an.trunk(residuals, classifier))
 
 
 def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Module], r: Residual) -> bool:

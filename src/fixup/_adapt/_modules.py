@@ -151,3 +151,7 @@ class DeclaredClassifier:
 
     def __call__(self) -> list[nn.Module]:
         return list(self.layers)
+
+
+class DeclaredTrunk(DeclaredClassifier):
+    """``model.trunk_layers()`` of an adapted model: the weight layers carrying the stream outside the branches."""

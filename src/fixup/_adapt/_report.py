@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lab.signal import SignalRecord
 from ..report import FixupReport
+from ._trunk import TrunkRecord
 
 __all__ = ["AdaptReport", "NormChange", "ResidualRecord"]
 
@@ -48,12 +50,18 @@ class AdaptReport(FixupReport):
     untied: list[str] = field(default_factory=list)         # tied weights given their own copy
     weights_loaded: list[str] = field(default_factory=list)   # state_dict entries loaded (state_dict=...)
     weights_dropped: list[str] = field(default_factory=list)  # entries of it that no longer exist, and why
+    trunk_rule: str = "none"                                   # the rule for the layers outside the branches
+    trunk: list[TrunkRecord] = field(default_factory=list)     # each trunk layer, in execution order
+    stream_input_rms: float = 1.0                              # the example input's RMS (1 for token ids)
+    stream: list[SignalRecord] = field(default_factory=list)   # the stream's RMS at each stage, at initialisation
 
     @classmethod
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
         out = super()._fields_from(data)
         out["residuals"] = [ResidualRecord(**r) for r in data.get("residuals", [])]
         out["norms_replaced"] = [NormChange(**n) for n in data.get("norms_replaced", [])]
+        out["trunk"] = [TrunkRecord(**t) for t in data.get("trunk", [])]
+        out["stream"] = [SignalRecord(**s) for s in data.get("stream", [])]
         return out
 
     def format(self, max_branches: int = 12) -> str:
@@ -82,6 +90,17 @@ class AdaptReport(FixupReport):
             if items:
                 more = f" (+{len(items) - 4})" if len(items) > 4 else ""
                 lines.append(f"  {label}: " + ", ".join(items[:4]) + more)
+        if self.trunk:
+            lines.append(f"  trunk ({self.trunk_rule}): {len(self.trunk)} layers outside the branches; output RMS on "
+                         "the example input, before -> after")
+            for t in self.trunk[:max_branches]:
+                lines.append(f"    {t.name:<30} {t.type:<10} {t.rms_before:.3g} -> {t.rms_after:.3g}"
+                             + (f"  ({t.note})" if t.note else ""))
+            if len(self.trunk) > max_branches:
+                lines.append(f"    ... {len(self.trunk) - max_branches} more")
+        if self.stream:
+            lines.append(f"  stream RMS at initialisation, per stage, x the input's ({self.stream_input_rms:.3g}): "
+                         + " ".join(f"{s.name}={s.ratio:.2f}" for s in self.stream))
         if self.weights_loaded or self.weights_dropped:
             lines.append(f"  original weights: {len(self.weights_loaded)} entries loaded, "
                          f"{len(self.weights_dropped)} dropped")
