@@ -1,6 +1,7 @@
 """``fixup lab ...``: argument parsing and printing for the laboratory; the work is in the lab modules.
 
-Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``stream MODEL``, ``coupling MODEL``. Each prints a
+Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``stream MODEL``, ``coupling MODEL``,
+``signal MODEL``. Each prints a
 table, writes its records with ``--json PATH`` and a figure with ``--plot PATH``.
 """
 
@@ -147,6 +148,44 @@ def _stream(args: argparse.Namespace) -> int:
     columns = list(data["steps"][0])
     print(table(data["steps"], columns))
     return _finish(args, {"model": args.model, "method": args.method, **data})
+
+
+def _signal(args: argparse.Namespace) -> int:
+    from .._adapt._cli import example_inputs, load_factory
+    from ..models import create_model
+    from .signal import compare_signal
+
+    torch.manual_seed(args.seed)
+    if ":" in args.model:
+        made = load_factory(args.model)()
+        model, example = made if isinstance(made, tuple) else (made, None)
+    else:
+        overrides = {"depth": args.depth} if args.depth is not None else {}
+        model, example = create_model(args.model, norm="batchnorm", num_classes=args.num_classes, **overrides), None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{args.model}: the factory returned {type(model).__name__}, not an nn.Module")
+    if args.input_shape or example is None:
+        example = example_inputs(args.input_shape or ["8,3,32,32"], args.token_inputs)
+    forms: dict[str, Any] = {}
+    for rule in args.trunk:
+        result = compare_signal(model, example, trunk=rule)
+        forms.setdefault("normalised", result["normalised"])
+        forms[f"adapted (trunk {rule})"] = result["adapted"]
+    ref = next(iter(forms.values()))
+    print(f"{args.model}: the stream's RMS at initialisation, x the input's ({ref.input_rms:.3g}), "
+          f"one batch of {tuple(example[0].shape)}")
+    level = "blocks" if args.blocks else "stages"
+    names = [r.name for r in getattr(ref, level)]
+    rows = [{level[:-1]: n, **{f: next((r.ratio for r in getattr(sig, level) if r.name == n), None)
+                                for f, sig in forms.items()}} for n in names]
+    print(table(rows, [level[:-1], *forms]))
+    for form, sig in forms.items():
+        out = sig.outside()
+        if out and form != "normalised":
+            print(f"{form}: outside [0.5, 2]x at {', '.join(r.name for r in out)}")
+    from . import plots
+    return _finish(args, {"model": args.model, **{f: s.to_dict() for f, s in forms.items()}},
+                   lambda p: plots.plot_signal(forms, p))
 
 
 def _model(args: argparse.Namespace, method: str, data: Any) -> Any:
@@ -303,6 +342,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="give the stream biases one scalar's rate between them (default: as the method says)")
     _common(p)
     p.set_defaults(func=_stream)
+
+    p = labsub.add_parser("signal", help="the stream's RMS at initialisation, stage by stage: normalised beside "
+                                         "adapted")
+    p.add_argument("model", help="a registered model name (built with BatchNorm, then adapted) or MODULE:FACTORY / "
+                                 "path/to/file.py:FACTORY returning any model (or model, example input)")
+    p.add_argument("--trunk", type=_names, default=["lsuv"],
+                   help="comma-separated trunk rules of fixup.adapt to compare (lsuv, fan_in, none; default lsuv)")
+    p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                   help="the example batch's shape (default 8,3,32,32; repeat for several inputs)")
+    p.add_argument("--token-inputs", type=int, default=0, metavar="VOCAB",
+                   help="example inputs are token ids below VOCAB instead of normal floats")
+    p.add_argument("--depth", type=int, default=None, help="depth, for registered models that take one")
+    p.add_argument("--num-classes", type=int, default=10, help="classifier outputs of a registered model")
+    p.add_argument("--blocks", action="store_true", help="one row per residual block instead of per stage")
+    _common(p)
+    p.set_defaults(func=_signal)
 
     p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
     _model_args(p, methods=True)

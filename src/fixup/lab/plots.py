@@ -14,7 +14,7 @@ from typing import Any
 
 from .._plotting import pyplot
 
-__all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_update"]
+__all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_signal", "plot_update"]
 
 
 def _save(fig: Any, path: str | Path) -> Path:
@@ -118,4 +118,23 @@ def plot_coupling(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ax.bar(range(len(records)), [r["blocks_rel"] for r in records])
     ax.set_xticks(range(len(records)), labels, rotation=30, ha="right")
     ax.set_ylabel("largest relative change of a block output")
+    return _save(fig, path)
+
+
+def plot_signal(signals: dict[str, Any], path: str | Path, band: tuple[float, float] = (0.5, 2.0)) -> Path:
+    """The stream's RMS (x the input's) at every block's output, one line per form (``compare_signal``'s result,
+    or records as JSON dicts), with the band the stream should stay in shaded."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, sig in signals.items():
+        blocks = sig["blocks"] if isinstance(sig, dict) else [vars(b) for b in sig.blocks]
+        ys = [b["ratio"] for b in blocks]
+        finite = [(i, y) for i, y in enumerate(ys) if math.isfinite(y) and y > 0]
+        ax.plot([i for i, _ in finite], [y for _, y in finite], "o-", ms=3, label=label)
+    ax.axhspan(*band, color="0.9", zorder=0, label=f"{band[0]}-{band[1]}x the input")
+    ax.set_yscale("log")
+    ax.set_xlabel("residual block (execution order)")
+    ax.set_ylabel("stream RMS / input RMS")
+    ax.set_title("signal propagation at initialisation")
+    ax.legend()
     return _save(fig, path)
