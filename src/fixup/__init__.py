@@ -10,6 +10,7 @@
 from ._adapt import AdaptError, AdaptReport, adapt, load_original
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .checkpointing import enable_checkpointing
+from .clip import adaptive_clip_grad_
 from .fold import fold_for_inference
 from .groups import param_groups
 from .init import branch_scale, fixup_init_
@@ -35,6 +36,7 @@ __all__ = [
     "Scale",
     "WeightSlice",
     "adapt",
+    "adaptive_clip_grad_",
     "branch_scale",
     "create_model",
     "enable_checkpointing",

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .._io import atomic_write
-from .config import RESUMABLE_CHANGES, flatten
+from .config import RESUMABLE_CHANGES, TrainConfig, flatten
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointWarning", "check_compatible", "get_rng_state", "load_checkpoint",
            "previous_path", "read_state", "resume_state", "save_checkpoint", "set_rng_state", "state_digest"]
@@ -187,13 +187,15 @@ def resume_state(path: str | Path) -> tuple[dict[str, Any], Path, str] | None:
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str | Path) -> None:
     """Refuse to resume when the saved config differs from the current one in anything that matters.
 
-    Either config may be by section or flat (checkpoints written before the sections).
+    Either config may be by section or flat (checkpoints written before the sections). An option the
+    saved config lacks (added since) counts as its default, which keeps the behaviour it was added to.
     """
     try:
         saved, current = flatten(saved), flatten(current)
     except ValueError as err:
         raise CheckpointError(f"checkpoint {path} holds a config this version cannot read ({err}); use another "
                               "--out-dir or --no-resume") from err
+    saved = {**{k: v for k, v in flatten(TrainConfig().to_dict()).items() if k not in saved}, **saved}
     keys = (set(saved) | set(current)) - RESUMABLE_CHANGES
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:

@@ -19,13 +19,14 @@ from typing import Any
 
 from .._devices import check_device_name
 
-__all__ = ["OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS", "DataOptions", "ImageOptions",
-           "ModelOptions", "OptimisationOptions", "RegularisationOptions", "RunOptions", "TrainConfig", "flatten",
-           "section_fields"]
+__all__ = ["CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS", "DataOptions",
+           "ImageOptions", "ModelOptions", "OptimisationOptions", "RegularisationOptions", "RunOptions", "TrainConfig",
+           "flatten", "section_fields"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
+CLIPS = ("norm", "agc", "none")
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
@@ -133,9 +134,12 @@ class OptimisationOptions:
     weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
     scalar_lr_mult: float = 0.1  # lr multiplier of Fixup's scalars (the authors' code: 0.1); see fixup.param_groups
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
-    # 1.0 by default: without normalisation a run at lr 0.1 can blow up after its loss has fallen (docs/training.md,
-    # "Gradient clipping"); the studies and the translation recipes set 0, the protocol of their figures.
-    grad_clip: float = 1.0  # clip the global gradient norm to this value (0 = off)
+    # Global-norm clipping at 1.0 by default: without normalisation a run at lr 0.1 can blow up after its loss has
+    # fallen (docs/training.md, "Gradient clipping"); the studies and the translation recipes set grad_clip 0, the
+    # protocol of their figures. agc: Brock et al. 2021, section 4.1 (fixup.adaptive_clip_grad_).
+    clip: str = "norm"  # gradient clipping: norm (the global norm, to grad_clip) | agc (unit-wise, agc_clipping) | none
+    grad_clip: float = 1.0  # clip the global gradient norm to this, 0 = off (clip agc: the zero-started tensors')
+    agc_clipping: float = 0.01  # clip agc: lambda, the largest ratio of a unit's gradient norm to its weight norm
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma
     gamma: float = 0.1  # step schedule: the factor at each milestone
@@ -217,7 +221,7 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             values = getattr(self, name)
             if not all(math.isfinite(v) for v in (values if isinstance(values, tuple) else (values,))):
                 raise ValueError(f"{name} must be a finite number, got {values}")
-        choices = {"optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
+        choices = {"clip": CLIPS, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
                    "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -237,6 +241,9 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
                 raise ValueError(f"{name} must be a whole number in [0, 2**32), got {getattr(self, name)}")
         if self.gamma <= 0:
             raise ValueError(f"gamma must be > 0 (the step schedule multiplies the lr by it), got {self.gamma}")
+        if self.agc_clipping <= 0:
+            raise ValueError(f"agc_clipping must be > 0 (AGC's lambda; Brock et al. use 0.01-0.16), got "
+                             f"{self.agc_clipping}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0 (Adam's denominator epsilon), got {self.eps}")
         if self.scalar_lr_mult < 0:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from .._io import remove_stale_temporaries
 from .._signals import SIGNALS, Interrupted
+from ..clip import adaptive_clip_grad_
 from . import distributed as D
 from .checkpoint import (
     CheckpointError,
@@ -326,9 +327,13 @@ class _Run:
     def _update(self, loss: Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        if self.config.grad_clip:
+        cfg = self.config
+        if cfg.clip == "agc":  # the zero-started tensors by the global norm (grad_clip; 0 leaves them unclipped)
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            adaptive_clip_grad_(self.model, cfg.agc_clipping, exempt_max_norm=cfg.grad_clip)
+        elif cfg.clip == "norm" and cfg.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
