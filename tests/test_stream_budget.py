@@ -47,14 +47,43 @@ def test_param_groups_give_the_stream_biases_one_scalars_rate_between_them() -> 
     assert _groups(model, scalar_lr_mult=1.0)["stream_biases"]["lr"] == pytest.approx(0.1 / 27)
 
 
-def test_param_groups_feed_any_optimiser_look_through_ddp_and_skip_frozen_parameters() -> None:
+def _sgd_first_step(p: torch.Tensor, g: torch.Tensor, lr: float, wd: float) -> torch.Tensor:
+    return -lr * (g + wd * p)  # momentum's buffer starts as the first gradient
+
+
+def _adamw_first_step(p: torch.Tensor, g: torch.Tensor, lr: float, wd: float) -> torch.Tensor:
+    # decoupled decay, then the bias-corrected first moment over the root second moment: g / (|g| + eps)
+    return -lr * wd * p - lr * g / (g.abs() + 1e-8)
+
+
+@pytest.mark.parametrize(("make", "first_step"), [
+    (lambda groups: torch.optim.SGD(groups, lr=1.0, momentum=0.9), _sgd_first_step),
+    (lambda groups: torch.optim.AdamW(groups, lr=1.0), _adamw_first_step)], ids=["SGD", "AdamW"])
+def test_param_groups_feed_any_optimiser_look_through_ddp_and_skip_frozen_parameters(make, first_step) -> None:
     model = fixup.create_model("resnet_cifar", depth=8)
+    with torch.no_grad():  # off the zero initialisation, so that every parameter has a gradient
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     model.conv1.weight.requires_grad_(False)
-    groups = fixup.param_groups(nn.DataParallel(model), 0.1)
+    groups = fixup.param_groups(nn.DataParallel(model), 0.1, 5e-4)
     assert "conv1.weight" not in groups[0]["param_names"]
-    for opt in (torch.optim.SGD(groups, lr=0.1, momentum=0.9), torch.optim.AdamW(groups, lr=1e-3)):
-        model(torch.randn(4, 3, 8, 8)).sum().backward()
-        opt.step()
+    # weights at lr, scalars at lr/10, the 3 stream biases sharing one scalar's rate: three distinct rates
+    rates = {g["name"]: g["lr"] for g in groups}
+    assert rates == pytest.approx({"weights": 0.1, "scalars": 0.01, "stream_biases": 0.01 / 3})
+    opt = make(groups)  # the optimiser's own lr (1.0) must not replace any group's
+    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(g["lr"], g["weight_decay"]) for g in groups]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.step()
+    params = dict(model.named_parameters())
+    assert torch.equal(params["conv1.weight"], before["conv1.weight"])  # frozen: not in any group, not moved
+    for g in groups:
+        for name in g["param_names"]:
+            moved = params[name].detach() - before[name]
+            assert moved.abs().max() > 0, f"{name} ({g['name']}) did not move"
+            expected = first_step(before[name], grads[name], g["lr"], g["weight_decay"])
+            torch.testing.assert_close(moved, expected, rtol=1e-4, atol=1e-7, msg=f"{name} in {g['name']}")
     with pytest.raises(ValueError, match="lr must be a finite number >= 0, got nan"):
         fixup.param_groups(model, float("nan"))
 
