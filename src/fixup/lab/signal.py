@@ -75,18 +75,17 @@ def _parent(name: str) -> str:
 
 
 def stage_names(model: nn.Module, blocks: Sequence[str]) -> list[str]:
-    """The stages of ``model`` given its residual blocks' names (see the module docstring)."""
+    """The stages of ``model`` given its residual blocks' names (see the module docstring): the blocks' parents,
+    and, where those sit in a container (``nn.Sequential``, ``nn.ModuleList``), the container's other children of
+    the same type."""
     modules = dict(model.named_modules())
     parents = {_parent(b) for b in blocks if b}
     stages = set(parents)
     for p in parents:
-        if not p or p not in modules:
-            continue
-        kind = type(modules[p])
-        grand = modules[_parent(p)] if _parent(p) in modules else None
-        if grand is not None:
+        grand = modules.get(_parent(p)) if p else None
+        if p in modules and isinstance(grand, (nn.Sequential, nn.ModuleList)):
             prefix = f"{_parent(p)}." if _parent(p) else ""
-            stages |= {prefix + n for n, child in grand.named_children() if type(child) is kind}
+            stages |= {prefix + n for n, child in grand.named_children() if type(child) is type(modules[p])}
     return [n for n in modules if n in stages and n]  # module order; the run below keeps those that execute
 
 
