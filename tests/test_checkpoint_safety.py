@@ -249,13 +249,16 @@ def _edit(path: Path, change) -> None:
     save_checkpoint(path, {k: v for k, v in state.items() if k not in ("format", "sha256")})
 
 
+# Each edit, and what the one-line error must say: the edited field, and the bad value or key where there is one.
 EDITS = {
-    "position is text": lambda s: s["position"].update(step="x"),
-    "position beyond the run": lambda s: s["position"].update(step=10**9),
-    "model tensor reshaped": lambda s: s["model"].update({k: v.flatten() for k, v in list(s["model"].items())[:1]}),
-    "rng state missing": lambda s: s["rng"].pop("numpy"),
-    "optimizer state is a list": lambda s: s.update(optimizer=[]),
-    "config is a list": lambda s: s.update(config=[1]),
+    "position is text": (lambda s: s["position"].update(step="x"), ("'position' field", "'x'")),
+    "position beyond the run": (lambda s: s["position"].update(step=10**9), ("'position' field", "1000000000")),
+    "model tensor reshaped": (
+        lambda s: s["model"].update({k: v.flatten() for k, v in list(s["model"].items())[:1]}),
+        ("'model' field", "size mismatch for conv1.weight")),
+    "rng state missing": (lambda s: s["rng"].pop("numpy"), ("'rng' field", "'numpy'")),
+    "optimizer state is a list": (lambda s: s.update(optimizer=[]), ("'optimizer' field",)),
+    "config is a list": (lambda s: s.update(config=[1]), ("no readable config",)),
 }
 
 
@@ -274,12 +277,15 @@ def test_hand_edited_checkpoint_fields_are_one_line_errors(edit: str, interrupte
 
     out = tmp_path / "run"
     shutil.copytree(interrupted_run, out)
-    _edit(out / CHECKPOINT, EDITS[edit])
+    change, expected = EDITS[edit]
+    _edit(out / CHECKPOINT, change)
     code = main(["train", "--depth", "8", "--batch-size", "256", "--epochs", "2", "--no-progress",
                  "--out-dir", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1 and "checkpoint" in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"fixup train: error: checkpoint {out / CHECKPOINT} ")
+    for text in expected:
+        assert text in err, f"{edit}: {text!r} not in {err!r}"
 
 
 def test_checkpoints_without_a_digest_from_the_first_format_still_load(tmp_path: Path) -> None:

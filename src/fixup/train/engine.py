@@ -215,24 +215,35 @@ class _Run:
         if not isinstance(state["config"], dict):
             raise CheckpointError(f"checkpoint {path} has no readable config; use another --out-dir or --no-resume")
         check_compatible(state["config"], self.config.to_dict(), path)
+        field = "model"  # the field being restored, for the error
         try:
             self.model.load_state_dict(state["model"])
+            field = "optimizer"
             self.optimizer.load_state_dict(state["optimizer"])
+            field = "scheduler"
             self.scheduler.load_state_dict(state["scheduler"])
+            field = "scaler"
             self.scaler.load_state_dict(state["scaler"])
+            field = "position"
             pos = state["position"]
             self.epoch, self.batch, self.step = int(pos["epoch"]), int(pos["batch"]), int(pos["step"])
             if min(self.epoch, self.batch, self.step) < 0 or self.step > self.total:
                 raise ValueError(f"position {pos} lies outside this run of {self.total} steps")
+            field = "partial"
             self.partial = {k: v.to(self.runtime.device) for k, v in state.get("partial", {}).items()}
+            field = "history"
             self.history = list(state.get("history", []))
+            field = "outcome"
             if state.get("outcome") and state["outcome"]["status"] != "interrupted":
                 self.outcome = Outcome(**state["outcome"])
+            field = "rng"
             set_rng_state(state["rng"])
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as err:
-            first = (str(err).strip().splitlines() or [""])[0][:200]
-            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser or has edited fields "
-                                  f"({type(err).__name__}: {first}); use another --out-dir or --no-resume") from err
+            # two lines: load_state_dict's first only says "Error(s) in loading state_dict"; the second names the tensor
+            first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:200]
+            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser or has an edited '{field}' "
+                                  f"field ({type(err).__name__}: {first}); use another --out-dir or --no-resume"
+                                  ) from err
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
