@@ -7,7 +7,7 @@
 9
 """
 
-from ._adapt import AdaptError, AdaptReport, adapt, load_original
+from ._adapt import TRUNK_RULES, AdaptError, AdaptReport, adapt, load_original, trunk_init_
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .checkpointing import enable_checkpointing
 from .clip import adaptive_clip_grad_
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "TRUNK_RULES",
     "AdaptError",
     "AdaptReport",
     "Bias",
@@ -48,4 +49,5 @@ __all__ = [
     "register_model",
     "residual_add",
     "resolve_method",
+    "trunk_init_",
 ]
