@@ -11,7 +11,8 @@ from torch import nn
 
 import fixup
 from fixup import Bias, Scale
-from fixup.baselines import METHODS, data_init_, initialise_, lsuv_, resolve_method
+from fixup.init import data_init_, initialise_, lsuv_
+from fixup.method import METHODS, resolve_method
 from fixup.report import FixupReport, InitReport
 
 
@@ -27,7 +28,8 @@ def _branch_convs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
                                             ("fixup", "he"), ("groupnorm", "sqrt2"), ("fixup", "fixup_scale_x2")])
 def test_combinations_that_make_no_sense_are_refused_with_the_list(norm: str, init: str) -> None:
     with pytest.raises(ValueError, match=r"does not combine.*norm='fixup' with init in .*'fixup_no_scale'.*"
-                                         r"norm='none' with init in \('he', 'xavier', 'lsuv', 'sqrt2'\)"):
+                                         r"norm='none' with init in \('he', 'xavier', 'lsuv', 'sqrt2', 'skipinit', "
+                                         r"'rezero'\)"):
         fixup.create_model("resnet20", norm=norm, init=init)
 
 
@@ -220,4 +222,6 @@ def test_report_warnings_reach_the_user_as_fixup_warnings() -> None:
     model = fixup.create_model("resnet20", norm="batchnorm")
     with pytest.warns(fixup.FixupWarning, match="normalisation layer 'norm1' .* is still present"):
         report = fixup.fixup_init_(model)
-    assert len(report.warnings) == 19 + 2 * 9  # the norms, and each branch lacks its bias and multiplier
+    # It says that it applied Fixup, not the model's own method; then the norms; each branch lacks its scalars.
+    assert report.warnings[0].startswith("CifarResNet was built for method 'batchnorm'; fixup_init_ applied 'fixup'")
+    assert len(report.warnings) == 1 + 19 + 2 * 9

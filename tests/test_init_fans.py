@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.baselines import he_init_, orthonormal_init_, xavier_init_
 from fixup.branch import Branch
-from fixup.init import fans, he_std, orthonormal_, xavier_std
+from fixup.init import fans, he_init_, he_std, orthonormal_, orthonormal_init_, xavier_init_, xavier_std
 
 
 @pytest.mark.parametrize(("cin", "cout", "groups", "k"), [(16, 32, 1, 3), (32, 32, 32, 3), (16, 48, 4, 1),

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.baselines import METHODS, data_init_
 from fixup.branch import find_branches
+from fixup.init import data_init_
+from fixup.method import METHODS
 from fixup.nn import residual_add
 from fixup.ops import set_lean
 

@@ -11,7 +11,8 @@ from torch import nn
 
 import fixup
 from fixup.branch import find_branches
-from fixup.report import FixupReport, LayerRecord, describe_norm
+from fixup.nn import Gate
+from fixup.report import FixupReport, GateReport, LayerRecord, describe_norm
 
 # Builders small enough to initialise for real in a test (the others are checked on the meta device).
 SMALL = {"resnet_cifar": {"depth": 8}, "resnet20": {}, "wide_resnet": {"depth": 10, "width": 2},
@@ -20,7 +21,7 @@ SMALL = {"resnet_cifar": {"depth": 8}, "resnet20": {}, "wide_resnet": {"depth": 
 
 # One method per combination of what decides the modules (norm, biases, multiplier, stream bias).
 STRUCTURAL = ("fixup", "fixup_no_stream_bias", "fixup_no_bias", "fixup_no_scale", "he", "batchnorm", "groupnorm",
-              "layernorm")
+              "layernorm", "rezero")
 
 
 def _accepts(name: str, methods: tuple[str, ...] | None = None) -> list[str]:
@@ -39,13 +40,16 @@ def _accepts(name: str, methods: tuple[str, ...] | None = None) -> list[str]:
 
 def _check_modules(model: nn.Module, method: fixup.Method) -> None:
     biases = [m for m in model.modules() if isinstance(m, fixup.Bias)]
-    scales = [m for m in model.modules() if isinstance(m, fixup.Scale)]
+    scales = [m for m in model.modules() if isinstance(m, fixup.Scale) and not isinstance(m, Gate)]
+    gates = [m for m in model.modules() if isinstance(m, Gate)]
     branches = [b for _, b in find_branches(model)]
     norms = [m for m in model.modules() if describe_norm("", m) is not None]
     assert bool(biases) == (method.fixup and method.biases), f"{method.name}: {len(biases)} Bias modules"
     assert bool(scales) == (method.fixup and method.scale), f"{method.name}: {len(scales)} Scale modules"
     if method.fixup and method.scale:
         assert all(b.scale is not None for b in branches)
+    assert len(gates) == (len(branches) if method.gate else 0), f"{method.name}: {len(gates)} gates"
+    assert all(b.gate is not None for b in branches) == method.gate
     streams = [b.stream_bias for b in branches if b.stream_bias is not None]
     assert len(streams) == (len(branches) if method.has_stream_bias and branches[0].kind in
                             ("basic", "bottleneck", "wide-basic") else 0)
@@ -67,6 +71,11 @@ def _check_stats(model: nn.Module) -> int:
     """Every weight layer in the report has the std the report says (zero exactly where it says 0)."""
     report = model.init_report
     records = list(report.other_layers)
+    if isinstance(report, GateReport):
+        records += list(report.classifier)
+        for b in report.branches:
+            records += [*b.layers, *([b.shortcut] if b.shortcut else [])]
+            assert float(model.get_parameter(b.gate)) == 0.0, b.gate
     if isinstance(report, FixupReport):
         records += list(report.classifier)
         for b in report.branches:

@@ -11,7 +11,7 @@ from torch import nn
 
 import fixup
 from _perturb import perturbed as _perturbed
-from fixup.baselines import METHODS
+from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
 from fixup.ops import lean_conv2d, ones_response, set_lean

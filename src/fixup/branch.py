@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from .nn import Bias, Scale
+from .nn import Bias, Gate, Scale
 
 __all__ = [
     "WEIGHT_LAYERS",
@@ -108,7 +108,7 @@ class Branch:
             set it where parallel layers multiply, e.g. attention: queries, keys and values times
             the output projection count as m = 4 although they are four layers side by side.
         biases: the scalar biases (rule 3) placed inside the branch, before its layers and activations.
-        scale: the branch's scalar multiplier (rule 3), if any.
+        scale: the branch's scalar multiplier (rule 3) or its :class:`~fixup.nn.Gate` (SkipInit, ReZero), if any.
         shortcut: the shortcut's projection layer, if the shortcut is not the identity.
         stream_bias: the scalar bias added after the branch's last layer (and multiplier), whatever it is
             called: it shifts the residual stream itself. In a stage every such bias receives the same
@@ -127,6 +127,11 @@ class Branch:
     def depth(self) -> int:
         """The m of the paper: weight layers multiplying along the branch."""
         return self.m if self.m is not None else len(self.layers)
+
+    @property
+    def gate(self) -> Gate | None:
+        """The branch's gate (a multiplier that starts at 0), or ``None``."""
+        return self.scale if isinstance(self.scale, Gate) else None
 
     @property
     def all_biases(self) -> list[Bias]:

@@ -20,10 +20,17 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   ablations of section 4.3 (table 3) change one thing of ``fixup``: ``fixup_no_depth_scale``,
   ``fixup_scale_x0.1`` / ``fixup_scale_x10``, ``fixup_zero_branch``, ``fixup_no_bias``, ``fixup_no_scale``.
 - ``norm="none"``: no normalisation and no scalars, with ``he`` (He et al. 2015), ``xavier`` (Glorot &
-  Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; finished on a batch by :func:`fixup.baselines.data_init_`)
+  Bengio 2010), ``lsuv`` (Mishkin & Matas 2016; finished on a batch by :func:`fixup.init.data_init_`)
   or ``sqrt2`` (He, and each residual block's output ``x + F(x)`` times 1/sqrt(2): section 4.1's baseline).
 - ``norm="batchnorm"`` / ``"groupnorm"``: the normalised baselines, He-initialised; ``norm="layernorm"``
   (the Transformer's baseline) with Xavier, as the authors' fairseq code (section 5).
+- ``norm="none"`` with a gate: ``skipinit`` (De & Smith 2020) and ``rezero`` (Bachlechner et al. 2020), each
+  residual branch times a learnable scalar that starts at 0 (docs/methods.md says what each does and where we
+  deviate from its paper).
+
+Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
+(``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``). To add a method, add a row here and, if no
+initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method, generator=...)``.
 """
 
 from __future__ import annotations
@@ -32,9 +39,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_INIT", "FAN_MODES", "METHODS", "NORMS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
+__all__ = ["DEFAULT_INIT", "FAN_MODES", "INITIALISERS", "METHODS", "STREAM_BIAS", "Method", "as_method",
+           "resolve_method"]
 
-NORMS = ("fixup", "batchnorm", "groupnorm", "layernorm", "none")
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
 # Where the bias that ends each residual branch sits and how it learns:
 #   "budget": on the stream; all stream biases together learn at one scalar's rate (our default);
@@ -43,6 +50,8 @@ SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the dept
 STREAM_BIAS = ("budget", "paper", "none")
 # He's two fan conventions: fan_in keeps the forward signal's scale, fan_out the backward one's.
 FAN_MODES = ("fan_in", "fan_out")
+# The modules of fixup.init, one per method family; a Method names the one that initialises it.
+INITIALISERS = ("fixup", "baselines", "lsuv", "skipinit", "rezero")
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,19 @@ class Method:
     rescale: float = 1.0  # rule 2's factor times this (Fixup forms only)
     zero_branch: bool = False  # every weight of every residual branch zero (ablation)
     zero_init_last_norm: bool = False  # each block's last norm gain 0 (Goyal et al. 2017; batchnorm/groupnorm)
+    gate: bool = False  # each residual branch ends in a learnable scalar gate that starts at 0 (skipinit, rezero)
+    initialiser: str = "baselines"  # the module of fixup.init that initialises a model for it (INITIALISERS)
 
     def __post_init__(self) -> None:
+        if self.initialiser not in INITIALISERS:
+            raise ValueError(f"initialiser must be one of {INITIALISERS} (a module of fixup.init), got "
+                             f"{self.initialiser!r}")
+        if self.gate and self.norm != "none":
+            raise ValueError(f"a gated method has no normalisation (norm='none'), got norm={self.norm!r}")
         if self.stream_bias not in STREAM_BIAS:
             raise ValueError(f"stream_bias must be one of {STREAM_BIAS}, got {self.stream_bias!r}")
+        if not (isinstance(self.rescale, (int, float)) and self.rescale > 0 and math.isfinite(self.rescale)):
+            raise ValueError(f"rescale must be a positive finite number, got {self.rescale!r}")
         if self.stem_mode not in FAN_MODES:
             raise ValueError(f"stem_mode must be one of {FAN_MODES}, got {self.stem_mode!r}")
         if self.zero_init_last_norm and self.norm not in ("batchnorm", "groupnorm"):
@@ -95,12 +113,13 @@ class Method:
 
     @property
     def needs_data(self) -> bool:
-        """Whether the method finishes only once it has seen a batch (:func:`fixup.baselines.data_init_`)."""
+        """Whether the method finishes only once it has seen a batch (:func:`fixup.init.data_init_`)."""
         return self.init == "lsuv"
 
 
 def _fixup(init: str, description: str, **kw: object) -> Method:
-    fields = {"biases": True, "scale": True, "stream_bias": "budget", "stem_mode": "fan_in", **kw}
+    fields = {"biases": True, "scale": True, "stream_bias": "budget", "stem_mode": "fan_in", "initialiser": "fixup",
+              **kw}
     return Method("fixup", init, description, **fields)  # type: ignore[arg-type]
 
 
@@ -120,15 +139,22 @@ _ALL: tuple[Method, ...] = (
     _fixup("fixup_no_scale", "Fixup without the scalar multiplier (ablation)", scale=False),
     Method("none", "he", "no normalisation, He initialisation"),
     Method("none", "xavier", "no normalisation, Xavier (Glorot) initialisation"),
-    Method("none", "lsuv", "no normalisation, LSUV (orthonormal, then unit output variance per layer)"),
+    Method("none", "lsuv", "no normalisation, LSUV (orthonormal, then unit output variance per layer)",
+           initialiser="lsuv"),
     Method("none", "sqrt2", "no normalisation, He initialisation, block outputs times 1/sqrt(2)",
            output_scale=SQRT_HALF),
     Method("batchnorm", "he", f"batchnorm, {_NORMED}"),
     Method("groupnorm", "he", f"groupnorm, {_NORMED}"),
     Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers"),
+    # The gated methods draw every weight layer as the He baseline does, the stem from its fan-in as Fixup's
+    # (the stream starts at the input's scale; docs/methods.md), and start each branch's gate at 0.
+    Method("none", "skipinit", "SkipInit (De & Smith 2020): no normalisation, each branch times a scalar gain that "
+           "starts at 0, no depth scaling", stem_mode="fan_in", gate=True, initialiser="skipinit"),
+    Method("none", "rezero", "ReZero (Bachlechner et al. 2020): x + alpha * F(x) with alpha = 0 per branch, "
+           "normalisation removed", stem_mode="fan_in", gate=True, initialiser="rezero"),
 )
 # Every method by name: "fixup" and its variants, "he" (alias "none"), "xavier", "lsuv", "sqrt2",
-# "batchnorm", "groupnorm", "layernorm".
+# "batchnorm", "groupnorm", "layernorm", "skipinit", "rezero".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}
@@ -141,8 +167,17 @@ def _combinations() -> str:
     return "; ".join(f"norm={norm!r} with init in ({', '.join(inits)})" for norm, inits in by_norm.items())
 
 
-def resolve_method(norm: str = "fixup", init: str | None = None, *, zero_init_last_norm: bool = False) -> Method:
-    """The :class:`Method` for ``norm`` and ``init`` (``None`` or ``""``: the norm's default); a ValueError if none."""
+def resolve_method(norm: str | None = "fixup", init: str | None = None, *,
+                   zero_init_last_norm: bool = False) -> Method:
+    """The :class:`Method` for ``norm`` and ``init`` (``None`` or ``""``: the norm's default); a ValueError if none.
+
+    ``norm=None`` with an ``init`` that names a method of :data:`METHODS` (``"skipinit"``, ``"he"``) is that
+    method; ``norm=None`` otherwise means ``"fixup"``.
+    """
+    if norm is None and init and _ALIASES.get(init, init) in METHODS:
+        method = METHODS[_ALIASES.get(init, init)]
+        return dataclasses.replace(method, zero_init_last_norm=True) if zero_init_last_norm else method
+    norm = norm or "fixup"
     if norm not in DEFAULT_INIT:
         raise ValueError(f"unknown norm={norm!r}; the combinations that exist are: {_combinations()}")
     key = init or DEFAULT_INIT[norm]

@@ -1,9 +1,11 @@
-"""Scalar parameters of the Fixup parameterisation, and the checked residual sum.
+"""Scalar parameters of the Fixup parameterisation and of the gated methods, and the checked residual sum.
 
 Fixup's rule 3 (Zhang, Dauphin & Ma, ICLR 2019, section 3) adds to every residual branch one
 scalar multiplier, initially 1, and scalar biases, initially 0, before each convolution, linear
 layer and element-wise activation. These are single numbers shared by the whole tensor, not
-per-channel parameters as in a normalisation layer's affine transform.
+per-channel parameters as in a normalisation layer's affine transform. SkipInit (De & Smith 2020)
+and ReZero (Bachlechner et al. 2020) multiply each branch by a :class:`Gate`: the same scalar
+multiplier, starting at 0.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Bias", "Scale", "check_residual_shapes", "residual_add"]
+__all__ = ["Bias", "Gate", "Scale", "check_residual_shapes", "residual_add"]
 
 
 class Bias(nn.Module):
@@ -42,6 +44,21 @@ class Scale(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.scale
+
+
+class Gate(Scale):
+    """A learnable scalar gate ``alpha * x`` on a residual branch; ``alpha`` starts at 0, so the block starts as
+    its shortcut (SkipInit's gain, ReZero's alpha). A :class:`Scale` in every other respect (lean forward,
+    folding), with its own optimiser group (:func:`fixup.param_groups`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.scale.zero_()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.scale.zero_()
 
 
 def check_residual_shapes(shortcut: Tensor, branch: Tensor | torch.Size, block: str = "residual block") -> None:

@@ -1,4 +1,4 @@
-"""The accounting report: what ``fixup_init_`` did to a model, as data.
+"""The accounting report: what an initialiser of :mod:`fixup.init` did to a model, as data.
 
 It is the "model contract" of an initialisation: enough for another implementation to be
 checked against it (L, m and the factor per branch, which layers were zeroed, scaled or left
@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["BranchRecord", "FixupReport", "FixupWarning", "InitReport", "LSUVRecord", "LayerRecord", "NormRecord",
-           "describe_norm", "warn_report"]
+__all__ = ["BranchRecord", "FixupReport", "FixupWarning", "GateRecord", "GateReport", "InitReport", "LSUVRecord",
+           "LayerRecord", "NormRecord", "describe_norm", "warn_report"]
 
 
 @dataclass
@@ -52,6 +52,18 @@ class BranchRecord:
     def scale(self) -> float:
         """Rule 2's factor for this branch's inner weights (the same as ``factor``)."""
         return self.factor
+
+
+@dataclass
+class GateRecord:
+    """One residual branch of a gated method (SkipInit, ReZero): its weight layers as drawn and its gate."""
+
+    name: str
+    kind: str
+    m: int
+    layers: list[LayerRecord]
+    gate: str  # the gate's qualified parameter name
+    shortcut: LayerRecord | None = None
 
 
 @dataclass
@@ -214,7 +226,7 @@ class InitReport:
     def _format_tail(self) -> list[str]:
         lines = []
         if self.data_init_pending:
-            lines.append("data-dependent initialisation: PENDING (fixup.baselines.data_init_(model, batch); "
+            lines.append("data-dependent initialisation: PENDING (fixup.init.data_init_(model, batch); "
                          "the training engine runs it on its first batch)")
         if self.data_init:
             bad = [r for r in self.data_init if not r.converged]
@@ -338,3 +350,66 @@ _STREAM_TEXT = {
     "paper": "{n}, each at the full scalar rate (the authors' parameterisation)",
     "none": "none (rule 3 taken literally)",
 }
+
+
+@dataclass
+class GateReport(InitReport):
+    """What a gated method (``skipinit``, ``rezero``) did, branch by branch: every branch ``x + alpha * F(x)`` with
+    its weights drawn unscaled and its gate ``alpha`` at ``gate_init``."""
+
+    method: str = "rezero"
+    branches: list[GateRecord] = field(default_factory=list)
+    classifier: list[LayerRecord] = field(default_factory=list)
+    gate_init: float = 0.0
+    base_init: str = "he"
+    stem_fan_mode: str = "fan_in"  # the He fan of the weight layers outside the branches
+    summary: str = ""  # what the method does, in one line
+
+    @classmethod
+    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
+        out = super()._fields_from(data)
+        out["branches"] = [
+            GateRecord(**{**b, "layers": _layers(b["layers"]),
+                          "shortcut": None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
+            for b in data.get("branches", [])
+        ]
+        out["classifier"] = _layers(data.get("classifier"))
+        return out
+
+    def format(self, max_branches: int = 12) -> str:
+        """The report as a table; at most ``max_branches`` branches are listed one by one."""
+        base = f"He with {self.fan_mode}" if self.base_init == "he" else "Xavier (Glorot) normal"
+        summary = f": {self.summary}" if self.summary else ""
+        lines = [f"Accounting report: method {self.method}, {base} init{summary}"]
+        lines.append(f"L = {self.num_branches} residual branches, each x + alpha * F(x) with its own gate alpha = "
+                     f"{self.gate_init:g} (no depth scaling, no layer zeroed)")
+        groups = Counter((b.kind, b.m) for b in self.branches)
+        if groups:
+            lines.append(f"  {'branch type':<14}{'m':>3}{'count':>8}")
+            lines.extend(f"  {kind:<14}{m:>3}{count:>8}" for (kind, m), count in groups.items())
+        drawn = sum(len(b.layers) for b in self.branches)
+        lines.append(f"weight layers in branches: {drawn} drawn ({base}), none scaled or zeroed; gates: "
+                     f"{len(self.branches)}, each {self.gate_init:g}")
+        lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
+        shortcuts = [b.shortcut for b in self.branches if b.shortcut is not None]
+        if shortcuts:
+            lines.append(f"shortcut projections ({base}): {len(shortcuts)}")
+        if self.other_layers:
+            other = f"He with {self.stem_fan_mode}" if self.base_init == "he" else "Xavier"
+            lines.append(f"other weight layers ({other}): " + _some(self.other_layers, 4))
+        if self.untouched:
+            lines.append("left alone: " + _some(self.untouched, 6))
+        lines.append(f"scalar parameters: {self.num_scalars} ({len(self.branches)} gates)")
+        lines.extend(self._format_norms())
+        if self.branches:
+            lines.append("branches:")
+            for b in self.branches[:max_branches]:
+                block = b.name.split("[")[0]
+                drawn_layers = ", ".join(f"{r.name.removeprefix(block + '.')} std {r.std:.4g}" for r in b.layers)
+                lines.append(f"  {b.name:<22} {b.kind:<11} m={b.m}: drawn [{drawn_layers}]; gate "
+                             f"{b.gate.removeprefix(block + '.')} = {self.gate_init:g}"
+                             + (f"; shortcut {b.shortcut.name.removeprefix(block + '.')}" if b.shortcut else ""))
+            if len(self.branches) > max_branches:
+                lines.append(f"  ... {len(self.branches) - max_branches} more (to_dict() or --json lists all)")
+        lines.extend(self._format_tail())
+        return "\n".join(lines)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..baselines import data_init_
+from ..init import data_init_
 from ..method import METHODS, as_method
 from ..models import create_model
 
@@ -24,7 +24,7 @@ def build_model(name: str, method: str = "fixup", *, seed: int = 0, data: torch.
                 **kwargs: Any) -> nn.Module:
     """``create_model(name, method=method, **kwargs)``, drawn from ``seed``.
 
-    A data-dependent method (``lsuv``) is finished on ``data`` with :func:`fixup.baselines.data_init_`;
+    A data-dependent method (``lsuv``) is finished on ``data`` with :func:`fixup.init.data_init_`;
     without data it raises. The global random state is left as it was.
     """
     name = ALIASES.get(name, name)

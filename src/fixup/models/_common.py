@@ -2,7 +2,7 @@
 
 A constructor receives its :class:`~fixup.method.Method` (or a method's name), checks it against the
 norms its architecture supports with :func:`check_method`, builds its scalars from it, and ends with
-``self.init_report = initialise_(self, method, generator=generator)``.
+``self.init_report = initialise_(self, method, generator=generator)`` (:func:`fixup.init.initialise_`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from torch import nn
 
 from ..fold import count_scalars, fold_layer
 from ..method import Method, as_method
+from ..nn import Gate, Scale
 from ..ops import scalar_value
 
-__all__ = ["StemHeadFolding", "check_method", "make_norm", "name_blocks", "scalar"]
+__all__ = ["StemHeadFolding", "branch_multiplier", "check_method", "make_norm", "name_blocks", "scalar"]
 
 
 class StemHeadFolding:
@@ -45,6 +46,14 @@ def check_method(method: Method | str, allowed: tuple[str, ...], model: str) -> 
 def scalar(module: type[nn.Module], on: bool) -> nn.Module:
     """A Fixup scalar (``Bias``/``Scale``) where the method has one, else an identity placeholder."""
     return module() if on else nn.Identity()
+
+
+def branch_multiplier(method: Method) -> nn.Module:
+    """What multiplies a residual branch's output: Fixup's multiplier (rule 3, starts at 1), the gate of SkipInit
+    and ReZero (starts at 0), or an identity placeholder."""
+    if method.gate:
+        return Gate()
+    return scalar(Scale, method.fixup and method.scale)
 
 
 def make_norm(norm: str, channels: int, groups: int = 16) -> nn.Module:

@@ -38,8 +38,9 @@ def create_model(name: str, *, norm: str | None = None, init: str | None = None,
     ``generator=``, ...) go to its builder.
 
     The method is resolved here, once: from ``norm`` (default ``"fixup"``) and ``init`` (the ablation or
-    baseline; default: the norm's own), or given whole as ``method`` (a :class:`fixup.Method` or a name of
-    :data:`fixup.METHODS`). The model's constructor builds its scalars from it and initialises itself;
+    baseline; default: the norm's own; ``init`` alone may name any method, ``init="rezero"``), or given whole
+    as ``method`` (a :class:`fixup.Method` or a name of :data:`fixup.METHODS`). The model's constructor builds
+    its scalars from it and initialises itself;
     ``model.init_report`` says what it did.
     """
     if name not in _MODELS:
@@ -47,7 +48,7 @@ def create_model(name: str, *, norm: str | None = None, init: str | None = None,
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown model {name!r}.{hint} fixup.list_models() lists all {len(_MODELS)}.")
     if method is None:
-        resolved = resolve_method(norm or "fixup", init, zero_init_last_norm=zero_init_last_norm)
+        resolved = resolve_method(norm, init, zero_init_last_norm=zero_init_last_norm)
     elif norm is not None or init:
         raise ValueError(f"give either method= or norm=/init=, not both (got method={method!r}, norm={norm!r}, "
                          f"init={init!r})")

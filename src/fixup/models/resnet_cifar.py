@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..baselines import initialise_
 from ..branch import Branch
 from ..fold import count_scalars, fold_layer
+from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, check_residual_shapes, residual_add
 from ..ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
-from ._common import StemHeadFolding, check_method, make_norm, name_blocks, scalar
+from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
@@ -58,7 +58,7 @@ class BasicBlock(nn.Module):
         self.output_scale = float(method.output_scale)
         self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
         self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, method.has_stream_bias)
-        self.scale = scalar(Scale, method.fixup and method.scale)
+        self.scale = branch_multiplier(method)
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
         self.norm1 = make_norm(norm, out_ch, norm_groups)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)

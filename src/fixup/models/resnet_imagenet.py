@@ -29,13 +29,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..baselines import initialise_
 from ..branch import Branch
 from ..fold import count_scalars, fold_layer
+from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
 from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
-from ._common import StemHeadFolding, check_method, make_norm, name_blocks, scalar
+from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 from .resnet_cifar import BasicBlock
 
@@ -72,7 +72,7 @@ class Bottleneck(nn.Module):
         self.bias1a, self.bias1b = scalar(Bias, biases), scalar(Bias, biases)
         self.bias2a, self.bias2b = scalar(Bias, biases), scalar(Bias, biases)
         self.bias3a, self.bias3b = scalar(Bias, biases), scalar(Bias, method.has_stream_bias)
-        self.scale = scalar(Scale, method.fixup and method.scale)
+        self.scale = branch_multiplier(method)
         self.conv1 = nn.Conv2d(in_ch, planes, 1, bias=False)
         self.norm1 = make_norm(norm, planes, norm_groups)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)

@@ -15,6 +15,9 @@ zero. The base initialisation is Xavier, as in the authors' fairseq code (normal
 variance as its uniform ones). Embeddings keep fairseq's N(0, d^-1/2) (multiplied by sqrt(d) in the
 forward pass) and are left alone by ``fixup_init_``, which lists them in its report.
 
+``norm="none"`` builds the gated methods (``skipinit``, ``rezero``): no LayerNorm, every branch times its gate
+(0 at the start), Xavier-initialised linear layers with biases, no Fixup scalar.
+
 ``norm="layernorm"`` is the paper's baseline: post-norm (fairseq's default) or, with ``pre_norm=True``,
 pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers with biases.
 
@@ -31,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..baselines import describe_init, initialise_
 from ..fold import count_scalars, fold_layer
+from ..init import describe_init, initialise_
 from ..method import Method, as_method
 from ..nn import Bias, Scale
 from ..ops import scalar_value
@@ -95,10 +98,16 @@ class Transformer(nn.Module):
     with Xavier as its base; ``init_report`` says what was done.
     """
 
+    init_base = "xavier"  # the standard initialisation its layers start from (the authors' fairseq code)
+
     def __init__(self, cfg: TransformerConfig, method: Method | str | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         method = check_method(cfg.norm if method is None else method, TRANSFORMER_NORMS, "the Transformer")
+        if method.norm == "none" and not method.gate:
+            raise ValueError(f"norm={method.norm!r} is not available for the Transformer with init={method.init!r}; "
+                             "without normalisation it is built for a gated method (skipinit or rezero), or choose "
+                             f"norm among {', '.join(n for n in TRANSFORMER_NORMS if n != 'none')}")
         if method.norm != cfg.norm:
             raise ValueError(f"method {method.name!r} has norm={method.norm!r} but the config has norm={cfg.norm!r}; "
                              "build the config with the method's norm")
@@ -121,8 +130,8 @@ class Transformer(nn.Module):
         self.output = nn.Linear(d, cfg.tgt_vocab, bias=False)
         name_blocks(self)
         stds = self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
-        if fixup:
-            self.init_report = initialise_(self, method, generator=generator, base="xavier")
+        if fixup or method.gate:  # the Fixup rule or the gates, from Xavier (init_base)
+            self.init_report = initialise_(self, method, generator=generator)
         else:
             self.init_report = describe_init(self, method.name, "fairseq: Xavier-uniform linear layers, zero "
                                              "biases, N(0, d^-1/2) embeddings and output projection", stds)

@@ -21,11 +21,12 @@ from ..fold import count_scalars, fold_layer
 from ..method import Method
 from ..nn import Bias, Scale, residual_add
 from ..ops import lean_linear, lean_residual_, observed, plain_linear, scalar_value
+from ._common import branch_multiplier
 
 __all__ = ["TRANSFORMER_NORMS", "AttentionBlock", "Cache", "FeedForwardBlock", "TransformerConfig", "causal_mask",
            "sinusoidal_positions"]
 
-TRANSFORMER_NORMS = ("fixup", "layernorm")
+TRANSFORMER_NORMS = ("fixup", "layernorm", "none")  # "none": the gated methods (skipinit, rezero) only
 
 Cache = dict[str, Tensor]
 
@@ -44,7 +45,7 @@ class TransformerConfig:
     dropout: float = 0.3  # on embeddings and branch outputs; the paper picks from 0.3-0.6 (section 5)
     attention_dropout: float = 0.0  # on attention probabilities
     activation_dropout: float = 0.0  # after the feed-forward ReLU
-    norm: str = "fixup"  # "fixup" or "layernorm"
+    norm: str = "fixup"  # "fixup", "layernorm", or "none" (the gated methods: skipinit, rezero)
     pre_norm: bool = False  # LayerNorm before each branch (only with norm="layernorm")
     share_embeddings: bool = False  # one embedding table for source and target (joint vocabulary)
     pad_id: int = 0  # padding token id, the same on both sides
@@ -97,7 +98,7 @@ class AttentionBlock(nn.Module):
         self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
         self.bias_in, self.bias_out = _maybe(Bias, fixup and method.biases), _maybe(Bias, fixup and method.biases)
         self.q, self.k, self.v, self.out = (nn.Linear(d, d, bias=not fixup) for _ in range(4))
-        self.scale = _maybe(Scale, fixup and method.scale)
+        self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
         self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
@@ -207,7 +208,7 @@ class FeedForwardBlock(nn.Module):
         self.bias1, self.bias2, self.bias3 = (_maybe(Bias, fixup and method.biases) for _ in range(3))
         self.fc1 = nn.Linear(d, cfg.ffn_dim, bias=not fixup)
         self.fc2 = nn.Linear(cfg.ffn_dim, d, bias=not fixup)
-        self.scale = _maybe(Scale, fixup and method.scale)
+        self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
         self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory

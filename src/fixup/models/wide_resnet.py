@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..baselines import initialise_
 from ..branch import Branch
 from ..fold import count_scalars, fold_layer
+from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
 from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
-from ._common import check_method, make_norm, name_blocks, scalar
+from ._common import branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
 __all__ = ["WideBlock", "WideResNet", "check_wrn_depth"]
@@ -66,7 +66,7 @@ class WideBlock(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.bias2a = scalar(Bias, biases)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
-        self.scale = scalar(Scale, method.fixup and method.scale)
+        self.scale = branch_multiplier(method)
         self.bias2b = scalar(Bias, method.has_stream_bias)
         self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
         self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory

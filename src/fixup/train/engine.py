@@ -99,7 +99,7 @@ def _seed_everything(seed: int) -> None:
 
 def _data_init(model: nn.Module, task: Task, config: TrainConfig, device: torch.device) -> None:
     """Data-dependent initialisation (LSUV) from the first training batch, where the method has one."""
-    from ..baselines import data_init_
+    from ..init import data_init_
 
     data_init_(model, move_to(task.first_batch(), device))  # a no-op for methods without a data-dependent step
 

@@ -36,7 +36,7 @@ is the reference implementation)::
 
     first_batch() -> model input
         A training batch's model input (e.g. images), on the CPU, for data-dependent initialisation
-        (``fixup.baselines.data_init_``, e.g. LSUV).
+        (``fixup.init.data_init_``, e.g. LSUV).
 
     describe() -> dict
         JSON-able facts for the run log (data set sizes, classes, normalisation, ...).

@@ -1,0 +1,87 @@
+"""Initialisation, one module per method; :data:`fixup.METHODS` is the index.
+
+Each row of :data:`fixup.METHODS` names its initialiser (``Method.initialiser``), one module here:
+
+- :mod:`~fixup.init.fixup`: Fixup's rule and its ablations (:func:`fixup_init_`);
+- :mod:`~fixup.init.baselines`: He, Xavier, the 1/sqrt(2) rescaling, the normalised networks;
+- :mod:`~fixup.init.lsuv`: LSUV, finished on the first batch by :func:`data_init_`;
+- :mod:`~fixup.init.skipinit`, :mod:`~fixup.init.rezero`: a gate at 0 on every branch;
+- :mod:`~fixup.init.fans`: the per-group fans and standard draws they all start from.
+
+A model's constructor ends with ``self.init_report = initialise_(self, method, generator=generator)``;
+:func:`initialise_` re-initialises a built model by its own method. To add a method: a row in
+:mod:`fixup.method` naming a module here, and in that module ``initialise_(model, method, *, generator=None,
+base=None) -> InitReport`` (its report names the method and lists what it did, layer by layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..method import Method, as_method
+from ..report import InitReport, warn_report
+from . import baselines, fixup, lsuv, rezero, skipinit
+from ._layers import check_output_scale
+from .baselines import describe_init, he_init_, xavier_init_, zero_last_norm_gains_
+from .fans import BASE_INITS, FAN_MODES, base_std, fans, groups_of, he_std, orthonormal_, xavier_std
+from .fixup import branch_scale, fixup_init_, zero_branches_
+from .lsuv import data_init_, lsuv_, orthonormal_init_
+
+__all__ = [
+    "BASE_INITS",
+    "FAN_MODES",
+    "INITIALISERS",
+    "base_std",
+    "branch_scale",
+    "data_init_",
+    "describe_init",
+    "fans",
+    "fixup_init_",
+    "groups_of",
+    "he_init_",
+    "he_std",
+    "initialise_",
+    "lsuv_",
+    "orthonormal_",
+    "orthonormal_init_",
+    "xavier_init_",
+    "xavier_std",
+    "zero_branches_",
+    "zero_last_norm_gains_",
+]
+
+Initialiser = Callable[..., InitReport]
+# Method.initialiser -> the function that initialises a model for it (fixup.method.INITIALISERS names them).
+INITIALISERS: dict[str, Initialiser] = {
+    "fixup": fixup.initialise_,
+    "baselines": baselines.initialise_,
+    "lsuv": lsuv.initialise_,
+    "skipinit": skipinit.initialise_,
+    "rezero": rezero.initialise_,
+}
+
+
+@torch.no_grad()
+def initialise_(model: nn.Module, method: Method | str | None = None, *, generator: torch.Generator | None = None,
+                base: str | None = None) -> InitReport:
+    """Initialise ``model`` for ``method`` (default: the model's own, ``model.method``) and return the report.
+
+    A constructor's last step, and the way to re-initialise a built model by its own method. ``base`` is the
+    standard initialisation the Fixup and gated forms start from (default: the model's ``init_base``, else He).
+    A data-dependent method (LSUV) leaves ``report.data_init_pending`` set until :func:`data_init_` has run on
+    a batch. The report's warnings are issued as :class:`fixup.FixupWarning`.
+    """
+    if method is None:
+        method = getattr(model, "method", None)
+        if not isinstance(method, Method):
+            raise ValueError(f"{type(model).__name__} was not built for a method of fixup.METHODS; name one: "
+                             "initialise_(model, 'fixup')")
+    method = as_method(method)
+    check_output_scale(model, method)
+    report = INITIALISERS[method.initialiser](model, method, generator=generator, base=base)
+    report.output_scale = method.output_scale
+    warn_report(report, stacklevel=4)
+    return report
