@@ -12,6 +12,11 @@ any one scalar: the aligned-updates failure that rule 2 prevents for the weights
 own assumption that the L branches' updates add up in step (appendix B), the ``S`` stream biases of a
 model share one scalar's rate: each learns at ``lr * scalar_lr_mult / S``. Measured on a Wide-ResNet-1000
 in docs/training.md; ``stream_budget=False`` gives the authors' parameterisation.
+
+The *gates* of SkipInit and ReZero (:class:`~fixup.nn.Gate`, one per branch, starting at 0) are their own
+group at ``lr * gate_lr_mult``, 1 by default: both papers train the gate as an ordinary parameter, at the
+weights' rate (ReZero's authors' Transformer layers hold it as a plain ``nn.Parameter``); the group makes the
+rate visible and tunable (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from torch import nn
 
 from .branch import find_branches
 from .method import Method
-from .nn import Bias, Scale
+from .nn import Bias, Gate, Scale
 
-__all__ = ["SCALAR_LR_MULT", "param_groups", "stream_biases", "unwrap"]
+__all__ = ["GATE_LR_MULT", "SCALAR_LR_MULT", "param_groups", "stream_biases", "unwrap"]
 
 SCALAR_LR_MULT = 0.1  # the scalars' rate relative to the weights' (the authors' released code)
+GATE_LR_MULT = 1.0  # the gates' rate relative to the weights' (SkipInit, ReZero: trained like any weight)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -59,14 +65,15 @@ def stream_biases(model: nn.Module) -> list[Bias]:
 
 
 def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scalar_lr_mult: float = SCALAR_LR_MULT,
-                 scalar_weight_decay: float | None = None, stream_budget: bool | None = None) -> list[dict[str, Any]]:
+                 scalar_weight_decay: float | None = None, stream_budget: bool | None = None,
+                 gate_lr_mult: float = GATE_LR_MULT) -> list[dict[str, Any]]:
     """Parameter groups for any ``torch.optim`` optimiser: ``torch.optim.SGD(param_groups(model, 0.1), momentum=0.9)``.
 
-    Returns up to three groups, each a dict with ``name``, ``params``, ``param_names``, ``lr`` and
-    ``weight_decay``: ``weights`` (every parameter that is not a Fixup scalar, at ``lr``), ``scalars``
-    (biases and multipliers, at ``lr * scalar_lr_mult``) and ``stream_biases`` (at
-    ``lr * scalar_lr_mult / S`` for the model's ``S`` stream biases). Empty groups are left out; frozen
-    parameters (``requires_grad=False``) too.
+    Returns up to four groups, each a dict with ``name``, ``params``, ``param_names``, ``lr`` and
+    ``weight_decay``: ``weights`` (every parameter that is not a scalar, at ``lr``), ``scalars``
+    (biases and multipliers, at ``lr * scalar_lr_mult``), ``stream_biases`` (at
+    ``lr * scalar_lr_mult / S`` for the model's ``S`` stream biases) and ``gates`` (SkipInit's and ReZero's,
+    at ``lr * gate_lr_mult``). Empty groups are left out; frozen parameters (``requires_grad=False``) too.
 
     Args:
         model: any module (a DistributedDataParallel wrapper is looked through); anything else, such as the
@@ -77,15 +84,18 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         scalar_weight_decay: the scalars' decay; ``None`` means ``weight_decay``.
         stream_budget: give the stream biases one scalar's rate between them. ``None``: as the model's own
             method says where it was built with one (``fixup_paper`` has no budget), else on.
+        gate_lr_mult: the gates' rate relative to ``lr`` (their decay is the scalars').
     """
     _check_module(model)
-    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult)):
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult),
+                        ("gate_lr_mult", gate_lr_mult)):
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     target = unwrap(model)
     if stream_budget is None:
         own = getattr(target, "method", None)
         stream_budget = own.stream_budget if isinstance(own, Method) else True
+    gates = {id(p) for m in target.modules() if isinstance(m, Gate) for p in m.parameters(recurse=False)}
     scalars = {id(p) for m in target.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters(recurse=False)}
     stream = {id(p) for b in stream_biases(target) for p in b.parameters()} if stream_budget else set()
     scalar_lr = lr * scalar_lr_mult
@@ -95,11 +105,13 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         "scalars": {"name": "scalars", "params": [], "param_names": [], "lr": scalar_lr, "weight_decay": scalar_wd},
         "stream_biases": {"name": "stream_biases", "params": [], "param_names": [],
                           "lr": scalar_lr / max(1, len(stream)), "weight_decay": scalar_wd},
+        "gates": {"name": "gates", "params": [], "param_names": [], "lr": lr * gate_lr_mult, "weight_decay": scalar_wd},
     }
     for name, p in target.named_parameters():
         if not p.requires_grad:
             continue
-        key = "stream_biases" if id(p) in stream else "scalars" if id(p) in scalars else "weights"
+        key = ("gates" if id(p) in gates else "stream_biases" if id(p) in stream else "scalars" if id(p) in scalars
+               else "weights")
         groups[key]["params"].append(p)
         groups[key]["param_names"].append(name)
     return [g for g in groups.values() if g["params"]]
