@@ -65,5 +65,5 @@ def test_the_transformer_is_re_initialised_from_its_own_base() -> None:
 
 
 def test_initialise_needs_a_method_for_a_model_built_elsewhere() -> None:
-    with pytest.raises(ValueError, match="was not built for a method of fixup.METHODS"):
+    with pytest.raises(ValueError, match=r"was not built for a method of fixup\.METHODS"):
         initialise_(torch.nn.Linear(2, 2))
