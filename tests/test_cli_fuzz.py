@@ -2,13 +2,16 @@
 
 Each case calls ``fixup.cli.main`` in-process (from an empty working folder, so that nothing a case
 writes can hide) with one wrong value: wrong type, zero, negative, NaN, infinite, empty, huge,
-nonexistent or unwritable. The broken pipe (``fixup list | head``) runs in a real process.
+nonexistent or unwritable. The one line must say what is wrong: the option and its value, derived from
+the case (:func:`expected_in`). The broken pipe (``fixup list | head``) runs in a real process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -132,6 +135,71 @@ INSPECT = [["inspect", *c] for c in [
 
 CASES = TRAIN + TRANSLATE + STUDIES + BENCH + LAB + INSPECT
 
+# -- what each error line must say, derived from the case ---------------------------------------------------
+# An option's error names the option (as --flag or as its field name) and carries its bad value; a path is
+# named in full; a word value ('nosuch', 'cuda:7', '[1]') is quoted, or stands beside the option's name. These cases say
+# something the rule cannot derive, each for the reason given:
+OVERRIDES: dict[tuple[str, ...], str] = {
+    ("train", "--config", UNKNOWN_KEY): "learning_rate",  # the unknown key inside the file
+    ("train", "--config", WRONG_TYPE): "got 'fast'",  # the bad value inside the file
+    ("train", "--betas", "0.9"): "--betas: expected 2 arguments",  # one value where two belong
+    ("train", "--nesterov", "--optimizer", "adam"): "nesterov=True needs optimizer='sgd'",  # the clash, both named
+    ("translate", "--extra", '{"nosuch": 1}'): "nosuch",  # the unknown key inside the JSON
+    ("study",): "required: name",  # a missing positional argument, named
+    ("lab",): "required: lab_command",
+    ("lab", "probe"): "required: model",
+    ("inspect",): "give a registered model name",
+    (): "required: COMMAND",
+    ("--nosuch",): "required: COMMAND",  # argparse asks for the missing command before the stray option
+    ("train", "--resume", "yes"): "unrecognized arguments: yes",  # a switch given a value
+}
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d+(?:\.\d+)?(?:e[+-]?\d+)?|nan|inf)(?!\w)")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _word(text: str) -> re.Pattern:
+    return re.compile(rf"(?<![\w-]){re.escape(text)}(?![\w-])")
+
+
+def _names_option(message: str, flag: str, value: str | None) -> bool:
+    """Whether ``message`` names ``flag`` with its bad ``value`` (None: the flag took no value)."""
+    named = _word(flag).search(message) or _word(flag[2:].replace("-", "_")).search(message)
+    if value is None:  # a switch, or an option missing its value
+        return bool(named)
+    if value == "-inf":  # argparse reads "-inf" as an option: the flag is left without its value
+        return bool(named) and "expected one argument" in message
+    if value == "":
+        return bool(named) and ("''" in message or "is empty" in message)
+    number = _number(value)
+    if number is not None:  # a number is too common to stand alone: the option and the number
+        found = [_number(t) for t in _NUMBER.findall(message)]
+        return bool(named) and any(f == number or (math.isnan(number) and f is not None and math.isnan(f))
+                                   for f in found)
+    if Path(value).is_absolute():  # a placed path: distinctive on its own
+        return value in message
+    # a word: quoted as a value, or beside the option's name
+    return f"'{value}'" in message or bool(named and _word(value).search(message))
+
+
+def expected_in(case: list[str], message: str, place) -> bool:
+    """Whether the error ``message`` (after "error:") says what is wrong with ``case``."""
+    if tuple(case) in OVERRIDES:
+        return OVERRIDES[tuple(case)] in message
+    options = [(i, t) for i, t in enumerate(case) if t.startswith("--")]
+    if not options:  # a bad positional value: named in quotes or as a word
+        return bool(_word(case[-1]).search(message))
+    for i, flag in options:
+        value = case[i + 1] if i + 1 < len(case) and not case[i + 1].startswith("--") else None
+        if _names_option(message, flag, place(value) if value is not None else None):
+            return True
+    return False
+
 
 def _place(arg: str, where: Path) -> str:
     files = {FILE: where / "a_file", DIR: where / "a_folder", UNDER_FILE: where / "a_file" / "sub",
@@ -162,7 +230,7 @@ def test_there_are_enough_cases_over_every_command() -> None:
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], inputs: Path, tmp_path: Path, monkeypatch,
                                           capsys) -> None:
     monkeypatch.chdir(tmp_path)  # defaults such as runs/... land here, where the test sees them
-    argv = [_place(a, inputs) for a in argv]
+    case, argv = argv, [_place(a, inputs) for a in argv]
     try:
         code = main(argv)
     except SystemExit as exit_:  # argparse's usage errors
@@ -172,7 +240,18 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], inputs: Path, tmp_pat
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, f"exit {code}; stderr: {err[-500:]}"
     assert len(lines) == 1 and "error:" in lines[0], err
+    message = lines[0].split("error:", 1)[1]  # the program's name before it would match any case's command
+    assert expected_in(case, message, lambda a: _place(a, inputs)), f"the error does not say what is wrong: {err}"
     assert list(tmp_path.iterdir()) == [], "a refused command wrote files"
+
+
+def test_the_expected_substrings_reject_an_unrelated_error(inputs: Path) -> None:
+    # Any ValueError raised anywhere used to pass: now a line that names nothing of the case fails every case.
+    unrelated = " could not convert string to float: 'q' (ValueError in fixup.data)"
+    assert not [c for c in CASES if expected_in(c, unrelated, lambda a: _place(a, inputs))]
+    # and naming the option is not enough where the value is what was wrong
+    assert not expected_in(["train", "--lr", "nan"], " lr must be >= 0, got -1.0", str)
+    assert expected_in(["train", "--lr", "nan"], " lr must be a finite number, got nan", str)
 
 
 def test_a_closed_pipe_is_exit_141_without_a_traceback(tmp_path: Path) -> None:
