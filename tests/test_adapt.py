@@ -411,9 +411,16 @@ def test_positional_embedding_sum_is_not_a_residual_branch() -> None:
             h = h + self.g(torch.relu(self.f(h)))
             return self.head(h.mean(1))
 
-    _, report = adapt(Embed(), torch.randn(2, 5, 8))
+    original = Embed()
+    pos = original.pos.weight.detach().clone()
+    model, report = adapt(original, torch.randn(2, 5, 8))
     assert report.num_branches == 1 and report.branches[0].zeroed.name == "g"
-    assert Bias  # the scalar type the adapted model uses
+    # The scalars sit on the one branch (f, g) and the classifier, none on the embedding sum.
+    scalars = {n: type(m) for n, m in model.named_modules() if isinstance(m, Bias | Scale)}
+    assert scalars == {"f.fixup_bias": Bias, "f.fixup_out_bias": Bias, "g.fixup_bias": Bias, "g.fixup_scale": Scale,
+                       "head.fixup_bias": Bias}
+    assert report.branches[0].num_biases == 3 and report.branches[0].has_scale
+    assert torch.equal(model.pos.weight, pos) and "pos (Embedding)" in str(report)  # left alone
 
 
 class ModeDependent(nn.Module):
