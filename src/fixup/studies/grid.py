@@ -3,7 +3,7 @@
 Every scale choice of every study lives here, so that the report can state the scale it ran at and
 the documentation can list the grids. ``quick`` and ``tiny`` run on the embedded digits data
 (scikit-learn's 1,797 real 8x8 images); ``full`` follows the paper's protocol on CIFAR-10, and on SVHN
-and ImageNet where ``--data-dir`` holds them (:mod:`fixup.studies.fullplan`).
+and ImageNet where ``--data-dir`` holds them (:mod:`fixup.studies.layout`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import paper
+from .layout import missing_reason, resolve_full_data
 
 __all__ = ["MODES", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "RegularisationGrid", "SvhnGrid",
            "TheoryGrid", "TranslationGrid", "make_grid"]
@@ -257,8 +258,6 @@ def make_grid(mode: str, *, data: str = "digits", data_dir: str | None = None, s
         raise ValueError(f"{mode} mode needs at least {least} seeds for a mean ± std, got --seeds {seeds}")
     translation, svhn, imagenet = base.translation, base.svhn, base.imagenet
     if mode == "full" and data_dir is not None and data in ("digits", "cifar10"):
-        from .fullplan import missing_reason, resolve_full_data
-
         found = resolve_full_data(data_dir)  # a folder holding the paper's data sets in their published formats
         if found["cifar10"] is None:
             raise FileNotFoundError(f"--full --data-dir {data_dir}: no cifar-10-python.tar.gz or cifar-10-batches-py "
