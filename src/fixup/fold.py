@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .nn import Bias, Scale
 from .ops import ShiftedConv2d, scalar_value
 
-__all__ = ["FOLDERS", "FoldResult", "ShiftedConv2d", "fold_after", "fold_before_linear", "fold_for_inference",
+__all__ = ["FOLDERS", "FoldResult", "ShiftedConv2d", "fold_after", "fold_for_inference",
            "fold_layer", "register_folder"]
 
 
@@ -111,15 +111,6 @@ def fold_after(layer: nn.Module, scale: nn.Module | None = None, bias: nn.Module
     b = None if bias is None else scalar_value(bias)
     fold_layer(layer, scale=s, bias=b)
     return int(s is not None) + int(b is not None)
-
-
-def fold_before_linear(bias: nn.Module, linear: nn.Linear) -> int:
-    """Fold a scalar Bias applied just before ``linear`` into its bias: ``W (x + b) = W x + b W.sum(1)``."""
-    b = scalar_value(bias)
-    if not isinstance(bias, Bias) or b is None:
-        return 0
-    fold_layer(linear, shift=b)
-    return 1
 
 
 def count_scalars(*modules: nn.Module) -> int:

@@ -38,7 +38,7 @@ from torch.nn.modules import module as _module
 from .nn import Bias, Scale, check_residual_shapes
 
 __all__ = ["ShiftedConv2d", "conv_output_shape", "lean_conv2d", "lean_linear", "lean_residual_",
-           "lean_residual_relu_", "observed", "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
+           "observed", "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
 
 
 def scalar_value(scalar: nn.Module) -> Tensor | None:
@@ -251,12 +251,6 @@ def lean_residual_(branch: Tensor, shortcut: Tensor, block: str = "residual bloc
     if output_scale != 1.0:
         branch = branch.mul_(output_scale)
     return branch.relu_() if relu else branch
-
-
-def lean_residual_relu_(branch: Tensor, shortcut: Tensor, block: str = "residual block",
-                        output_scale: float = 1.0) -> Tensor:
-    """``relu(output_scale * (branch + shortcut))`` in place in ``branch`` (see :func:`lean_residual_`)."""
-    return lean_residual_(branch, shortcut, block, output_scale, relu=True)
 
 
 def conv_output_shape(conv: nn.Conv2d, shape: torch.Size) -> torch.Size:

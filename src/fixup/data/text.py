@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,10 +214,3 @@ def token_batches(pairs: Sequence[tuple[list[int], list[int]]], max_tokens: int,
     if shuffle:
         rng.shuffle(batches)
     return batches
-
-
-def iterate_batches(pairs: Sequence[tuple[list[int], list[int]]], max_tokens: int, *, shuffle: bool = False,
-                    seed: int = 0) -> Iterator[ParallelBatch]:
-    """:func:`token_batches`, collated."""
-    for index in token_batches(pairs, max_tokens, shuffle=shuffle, seed=seed):
-        yield collate(pairs, index)
