@@ -12,7 +12,7 @@ from fixup.branch import find_branches
 from fixup.cli import build_parser
 from fixup.cli import main as cli_main
 from fixup.nn import Bias, Scale
-from fixup.train import CheckpointError, TrainConfig, fit, lr_factor, param_groups
+from fixup.train import CheckpointError, TrainConfig, config_groups, fit, lr_factor
 from fixup.train.cli import config_from_args
 from fixup.train.engine import CHECKPOINT
 from fixup.train.task import create_task
@@ -102,7 +102,7 @@ def test_loss_bound_is_divergence_and_cli_exit_code(tmp_path) -> None:
 def test_param_groups_are_exactly_the_scalars_with_the_stream_biases_budgeted() -> None:
     model = fixup.create_model("resnet_cifar", depth=14)
     cfg = TrainConfig(lr=0.2, scalar_lr_mult=0.1, weight_decay=5e-4, scalar_weight_decay=0.0)
-    groups = {g["name"]: g for g in param_groups(model, cfg)}
+    groups = {g["name"]: g for g in config_groups(model, cfg)}
     scalars = {id(p) for m in model.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters()}
     stream = {id(b.stream_bias.bias) for _, b in find_branches(model)}
     assert {id(p) for p in groups["scalars"]["params"]} == scalars - stream
@@ -114,9 +114,9 @@ def test_param_groups_are_exactly_the_scalars_with_the_stream_biases_budgeted() 
     assert groups["stream_biases"]["lr"] == pytest.approx(0.02 / 6)  # together, one scalar's rate
     assert groups["weights"]["lr"] == 0.2 and groups["weights"]["weight_decay"] == 5e-4
     paper = fixup.create_model("resnet_cifar", depth=14, init="fixup_paper")
-    assert [g["name"] for g in param_groups(paper, cfg)] == ["weights", "scalars"]  # the authors': no budget
+    assert [g["name"] for g in config_groups(paper, cfg)] == ["weights", "scalars"]  # the authors': no budget
     bn = fixup.create_model("resnet_cifar", depth=14, norm="batchnorm")
-    assert [g["name"] for g in param_groups(bn, cfg)] == ["weights"]
+    assert [g["name"] for g in config_groups(bn, cfg)] == ["weights"]
 
 
 def test_run_log_lists_groups(tmp_path) -> None:

@@ -14,7 +14,7 @@ from .checkpoint import CheckpointError
 from .config import TrainConfig
 from .engine import StepInfo, fit
 from .image_task import ImageClassification
-from .optim import build_optimizer, lr_factor, param_groups
+from .optim import build_optimizer, config_groups, lr_factor
 from .regularisers import cutout, mixup, soft_targets
 from .result import EXIT_CODES, Outcome, TrainResult
 from .task import TASKS, Shard, Task
@@ -31,10 +31,10 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "build_optimizer",
+    "config_groups",
     "cutout",
     "fit",
     "lr_factor",
     "mixup",
-    "param_groups",
     "soft_targets",
 ]

@@ -11,19 +11,19 @@ from torch import nn
 from ..groups import param_groups as fixup_param_groups
 from .config import TrainConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_factor", "param_groups"]
+__all__ = ["build_optimizer", "build_scheduler", "config_groups", "lr_factor"]
 
 
-def param_groups(model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
-    """:func:`fixup.param_groups` with the config's rates: weights, scalars and the budgeted stream biases."""
+def config_groups(model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
+    """:func:`fixup.param_groups` with the config's rates: weights, scalars, the budgeted stream biases, gates."""
     wd = None if config.scalar_weight_decay < 0 else config.scalar_weight_decay
     return fixup_param_groups(model, config.effective_lr, config.weight_decay, scalar_lr_mult=config.scalar_lr_mult,
                               scalar_weight_decay=wd)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> tuple[torch.optim.Optimizer, list[dict[str, Any]]]:
-    """The optimiser over :func:`param_groups`, and a JSON-able description of its groups for the log."""
-    groups = param_groups(model, config)
+    """The optimiser over :func:`config_groups`, and a JSON-able description of its groups for the log."""
+    groups = config_groups(model, config)
     summary = [{"name": g["name"], "lr": g["lr"], "weight_decay": g["weight_decay"], "count": len(g["params"]),
                 "numel": sum(p.numel() for p in g["params"]), "params": g["param_names"]} for g in groups]
     torch_groups = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]  # names stay in the log
