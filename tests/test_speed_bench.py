@@ -48,7 +48,11 @@ def test_tiny_benchmark_rows_ratios_memory_and_reasons():
     assert {v for _, v in rows} == {"none", "fixup", "fixup-plain", "fixup-folded"}
     for family in ("cifar", "wide"):
         none, lean, plain = (rows[family, v] for v in ("none", "fixup", "fixup-plain"))
-        assert none["step_ratio"]["median"] == 1.0 and none["peak_ratio"] == 1.0
+        # every ratio is to this family's floor: peaks exactly, step times within what the medians allow
+        for r in (none, lean, plain):
+            assert r["peak_ratio"] == pytest.approx(r["peak_bytes"] / none["peak_bytes"], rel=1e-12)
+            lo, hi = r["step_ms"]["min"] / none["step_ms"]["max"], r["step_ms"]["max"] / none["step_ms"]["min"]
+            assert lo <= r["step_ratio"]["min"] <= r["step_ratio"]["median"] <= r["step_ratio"]["max"] <= hi
         # the straightforward path keeps a new tensor per scalar; the lean path keeps about what the floor keeps
         assert plain["peak_bytes"] > 1.3 * lean["peak_bytes"] and lean["peak_ratio"] < 1.15
         assert "step_ms" not in rows[family, "fixup-folded"]  # forward only
@@ -61,6 +65,23 @@ def test_tiny_benchmark_rows_ratios_memory_and_reasons():
     table = format_table(result, markdown=True)
     assert "fixup-plain" in table and "bare network" in table
     json.dumps(result)
+
+
+def test_ratios_are_medians_of_per_repetition_ratios_to_the_floor(monkeypatch):
+    import fixup.bench as bench
+
+    # Known times, so that the ratio is checked against numbers worked out by hand: per repetition the fixup
+    # step takes 1.2, 1.5 and 1.1 times the floor's, whose median is 1.2 (the ratio of the medians would be 1.5).
+    times = {"none": [10.0, 20.0, 40.0], "fixup": [12.0, 30.0, 44.0]}
+    monkeypatch.setattr(bench, "_interleaved", lambda runners, method, reps, warmup: {v: times[v] for v in runners})
+    config = BenchConfig(families=("cifar",), variants=("none", "fixup"), threads=(1,), batch=2, depth=8, warmup=0,
+                         reps=3, memory=False, explain=False)
+    rows = {r["variant"]: r for r in benchmark(config)["rows"]}
+    assert rows["fixup"]["step_ratio"] == pytest.approx({"median": 1.2, "min": 1.1, "max": 1.5})
+    assert rows["fixup"]["forward_ratio"] == pytest.approx({"median": 1.2, "min": 1.1, "max": 1.5})
+    assert rows["fixup"]["step_ms"] == {"median": 30.0, "min": 12.0, "max": 44.0}
+    assert rows["none"]["step_ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert rows["fixup"]["misses"] == (["step"] if 1.2 > bench.STEP_TARGET else [])
 
 
 def test_config_rejects_unknown_names_and_missing_floor():
