@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ._adapt._cli import add_arguments as adapt_arguments
 from ._checks import check_numbers
 from ._signals import Interrupted, signals_raise
+from .external import add_adapt_arguments
 
 __all__ = ["main"]
 
@@ -44,9 +44,9 @@ def _inspect(args: argparse.Namespace) -> int:
     from .models import create_model
 
     if args.adapt:
-        from ._adapt._cli import run
+        from .external import run_adapt
 
-        return run(args)
+        return run_adapt(args)
     if args.model is None:
         raise ValueError("give a registered model name (see `fixup list`) or --adapt module:factory")
     check_numbers(args, positive=("depth", "width", "num_classes"))
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=int, default=None, help="classifier outputs (default None: the model's own)")
     p.add_argument("--verbose", action="store_true", help="list every branch, not only the first 12")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON to this file")
-    adapt_arguments(p)
+    add_adapt_arguments(p)
     p.set_defaults(func=_inspect)
     p = sub.add_parser("list", help="list registered models")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style pattern of the names to list, e.g. 'resnet*'")

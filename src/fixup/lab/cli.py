@@ -151,7 +151,7 @@ def _stream(args: argparse.Namespace) -> int:
 
 
 def _signal(args: argparse.Namespace) -> int:
-    from .._adapt._cli import example_inputs, load_factory
+    from ..external import example_inputs, load_factory
     from ..models import create_model
     from .signal import compare_signal
 

@@ -66,8 +66,7 @@ class ImageClassification:
         ``in_channels``), Fixup-adapted on two training images when ``norm`` is ``fixup``, else as built."""
         import inspect
 
-        from .._adapt import adapt
-        from .._adapt._cli import load_factory
+        from ..external import adapt, load_factory
 
         factory = load_factory(config.adapt)
         offered = {"num_classes": self.data.num_classes, "in_channels": self.data.in_channels}
