@@ -216,6 +216,70 @@ def test_training_on_a_cifar_fixture_runs_every_augmentation(tmp_path) -> None:
                       cutout=8, mixup_alpha=0.7, scalar_lr_mult=0.1)
     result = fit(cfg, out_dir=tmp_path / "run", progress=False)
     assert result.outcome == "completed" and result.final["step"] == 3
-    assert result.task["crop_padding"] == 4 and result.task["hflip"] is True
+    assert result.task["crop_padding"] == 4 and result.task["hflip"] is True  # CIFAR's defaults, as logged
     assert {g["name"]: g["lr"] for g in result.param_groups} == pytest.approx(
         {"weights": 0.1, "scalars": 0.01, "stream_biases": 0.01 / 3})  # ResNet-8: three stream biases share 0.01
+
+
+def _first_batch(root, **augment) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ImageClassification]:
+    cfg = TrainConfig(dataset="cifar10", data_dir=str(root), batch_size=16, **augment)
+    task = ImageClassification(cfg)
+    return (*next(iter(task.train_batches(0, Shard()))), task)
+
+
+def _window(img: torch.Tensor, fill: torch.Tensor, pad: int, dy: int, dx: int) -> torch.Tensor:
+    """``img`` on a ``fill``-valued canvas padded by ``pad``, cut back to its size at offset (dy, dx)."""
+    c, h, w = img.shape
+    canvas = fill[:, None, None].expand(c, h + 2 * pad, w + 2 * pad).clone()
+    canvas[:, pad:pad + h, pad:pad + w] = img
+    return canvas[:, dy:dy + h, dx:dx + w]
+
+
+def test_cifar_crop_flip_cutout_and_mixup_each_change_the_batch_as_they_should(tmp_path) -> None:
+    # One generator per epoch draws crop, then flip, then Cutout, then Mixup for each batch, so the first batch of
+    # each configuration is the previous configuration's first batch with one more augmentation applied.
+    _write_cifar10(tmp_path, n=8)
+    raw, y, _, task = _first_batch(tmp_path, crop_padding=0, hflip="off")
+    mean, std = torch.tensor(task.data.mean), torch.tensor(task.data.std)
+    black = -mean / std  # the zero padding, normalised
+    cropped, y_crop, _, _ = _first_batch(tmp_path, crop_padding=4, hflip="off")
+    assert torch.equal(y_crop, y)
+    offsets = []
+    for r, c in zip(raw, cropped, strict=True):  # each image is its original shifted within 4 pixels, padded black
+        found = [(dy, dx) for dy in range(9) for dx in range(9)
+                 if torch.allclose(_window(r, black, 4, dy, dx), c, atol=1e-6)]
+        assert found, "a cropped image is no shift of its original"
+        offsets.append(found[0])
+    assert len(set(offsets)) > 1 and any(o != (4, 4) for o in offsets)
+    flipped, _, _, _ = _first_batch(tmp_path, crop_padding=4, hflip="on")
+    mirrored = [torch.equal(f, c.flip(2)) and not torch.equal(f, c) for f, c in zip(flipped, cropped, strict=True)]
+    assert all(m or torch.equal(f, c) for m, f, c in zip(mirrored, flipped, cropped, strict=True))
+    assert 0 < sum(mirrored) < len(mirrored)  # some mirrored left-right, the others untouched
+    cut, _, _, _ = _first_batch(tmp_path, crop_padding=4, hflip="on", cutout=8)
+    full_squares = 0
+    for k, f in zip(cut, flipped, strict=True):
+        changed = (k != f).any(0)  # (H, W)
+        assert (k[:, changed] == 0).all() and torch.equal(k[:, ~changed], f[:, ~changed])  # only zeroes written
+        zeroed = (k == 0).all(0) & ((f != 0).any(0) | changed)
+        rows, cols = zeroed.any(1).nonzero().flatten(), zeroed.any(0).nonzero().flatten()
+        # one axis-aligned square of side 8, clipped where it meets the border
+        assert 1 <= len(rows) <= 8 and 1 <= len(cols) <= 8
+        assert zeroed[rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
+        assert zeroed.sum() == len(rows) * len(cols) and rows.max() - rows.min() + 1 == len(rows)
+        full_squares += int(len(rows) == len(cols) == 8)
+    assert full_squares > 0
+    mixed, y_mix, targets, _ = _first_batch(tmp_path, crop_padding=4, hflip="on", cutout=8, mixup_alpha=0.7)
+    onehot = torch.nn.functional.one_hot(y, 10).float()
+    # Mixup's lam, read from a row whose two labels differ: its own label carries exactly lam.
+    two = [i for i in range(len(y)) if targets[i].max() < 1]
+    assert two, "no image was mixed with a partner of another class"
+    lam = targets[two[0], y[two[0]]].item()
+    assert 0 < lam < 1
+    partners = []
+    for i, m in enumerate(mixed):  # each image is lam * itself + (1 - lam) * one partner, one lam for the batch
+        hits = [j for j in range(len(cut)) if torch.allclose(m, lam * cut[i] + (1 - lam) * cut[j], atol=1e-5)]
+        assert hits, f"image {i} is no mixture of the cut-out batch with lam {lam}"
+        partners.append(hits[0])
+        torch.testing.assert_close(targets[i], lam * onehot[i] + (1 - lam) * onehot[hits[0]])
+    assert sorted(partners) == list(range(len(cut))) and partners != list(range(len(cut)))  # a permutation
+    assert torch.equal(y_mix, targets.argmax(1))
