@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,18 +52,53 @@ def test_output_checks(tmp_path: Path) -> None:
         check_output_dir("")
     with pytest.raises(ValueError, match="existing file, not a folder"):
         check_output_dir(file)
-    with pytest.raises(ValueError, match="is a file, not a folder"):
-        check_output_dir(file / "sub")
     with pytest.raises(ValueError, match="is a folder"):
         check_output_file(tmp_path)
+    # A path under a regular file cannot be created by anyone, root included.
+    for path in (file / "sub", file / "a" / "b"):
+        with pytest.raises(ValueError, match=re.escape(f"--out-dir {path} cannot be created: {file} is a file")):
+            check_output_dir(path)
+        with pytest.raises(ValueError, match=re.escape(f"--json {path}.json cannot be created: {file} is a file")):
+            check_output_file(path.with_suffix(".json"))
     assert check_output_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
-    if os.geteuid() != 0:  # root writes anywhere
-        locked = tmp_path / "locked"
-        locked.mkdir(mode=0o500)
-        with pytest.raises(ValueError, match="is not writable"):
-            check_output_dir(locked / "run")
-        with pytest.raises(ValueError, match="is not writable"):
-            check_output_file(locked / "r.json")
+    assert check_output_file(tmp_path / "new" / "r.json") == tmp_path / "new" / "r.json"
+
+
+@contextlib.contextmanager
+def _permissions_apply() -> Iterator[None]:
+    """Make permission bits bind: as root, take a plain user's real uid, which ``os.access`` checks against."""
+    if os.geteuid() != 0:
+        yield
+        return
+    try:
+        os.setreuid(65534, 0)  # nobody; the effective uid stays root, so the next line can restore it
+    except PermissionError:
+        pytest.skip("root without CAP_SETUID cannot take another user's real uid")
+    try:
+        yield
+    finally:
+        os.setreuid(0, 0)
+
+
+def test_output_checks_refuse_a_folder_without_write_permission() -> None:
+    import shutil
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="fixup-perm-"))  # outside pytest's root-only folders, so traversable
+    try:
+        where.chmod(0o755)
+        (where / "locked").mkdir(mode=0o555)
+        (where / "open").mkdir(mode=0o777)
+        (where / "open").chmod(0o777)  # past the umask
+        with _permissions_apply():
+            assert check_output_dir(where / "open" / "run") == where / "open" / "run"  # the control is accepted
+            assert check_output_file(where / "open" / "r.json") == where / "open" / "r.json"
+            with pytest.raises(ValueError, match=re.escape(f"{where / 'locked'} is not writable")):
+                check_output_dir(where / "locked" / "run")
+            with pytest.raises(ValueError, match=re.escape(f"{where / 'locked'} is not writable")):
+                check_output_file(where / "locked" / "r.json")
+    finally:
+        shutil.rmtree(where)
 
 
 def _imports(module: str) -> set[str]:
