@@ -1,28 +1,40 @@
 """``fixup.adapt`` on third-party models: the accounting of every model in tests/adapt_zoo.py, and digits
-accuracy of some of them, adapted (no normalisation) beside the same model with its normalisation.
+accuracy of real timm classes, adapted (no normalisation) beside the same model with its normalisation.
 
-    PYTHONPATH=src python benchmarks/adapt_zoo.py                     # both tables (minutes on 2 cores)
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only accounting   # the first table (about a minute)
-    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models "resnet18 (fixup-lab)" \
-        "resnet18 (torchvision ResNet)" --forms fixup --seeds 5 --lr 0.05   # the ResNet-18 rate sweep
-    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models "resnet18 (fixup-lab)" \
-        "resnet18 (torchvision ResNet)" --seeds 5 --grad-clip 1   # the same loop, clipping the gradient norm
+    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --jobs 2   # the training table (see below)
+    PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models regnetx_002 efficientnet_b0 \
+        --adapt-option trunk=none --seeds 0 1     # the same loop under another option of fixup.adapt
 
-Training: digits (1,437 train / 360 test, the library's fixed split) upsampled to 32x32, three channels,
-standardised; SGD over ``fixup.param_groups(model, lr=0.1, weight_decay=5e-4)`` with momentum 0.9, batch 64,
-``--steps`` steps at a constant rate; the seed fixes the initialisation and the batch order. Accuracy on the
-360 test digits after the last step; ``--grad-clip`` clips the global gradient norm before each step. The
-normalised form trains with the same loop (its groups hold only weights). Figures: mean +- std over n seeds.
+Training (the README's own-loop recipe): digits (1,437 train / 360 test, the library's fixed split)
+upsampled to 32x32, three channels, standardised; SGD over ``fixup.param_groups(model, lr=0.1,
+weight_decay=5e-4)`` with momentum 0.9, batch 64, ``--steps`` steps (150) at a constant rate, the global
+gradient norm clipped at 1 before each step (``--clip``); the seed fixes the initialisation and the batch
+order. "adapted" is ``fixup.adapt(model, x[:2], **adapt_options)`` on two training images; "normalised" is
+the same model untouched, trained by the same loop (its groups hold only weights). Accuracy on the 360 test
+digits after the last step; a run whose loss turns non-finite stops there and is marked diverged (its
+accuracy, at chance, still counts in the mean). Each cell runs on ``--threads`` torch threads (1).
+
+Models: timm's resnet18, regnetx_002, efficientnet_b0, mobilenetv3_small_050 and convnext_atto as
+registered, and vit_tiny_patch16_224 at img_size 32, patch 4 (65 tokens) with ``--vit-depth`` of its 12
+blocks (6 by default, for CPU time). timm imports through tests/_torchvision_shim.py. Also accepted: any
+name of tests/adapt_zoo.py's ZOO and "resnet18 (fixup-lab)" (the library's own, ``--resnet18-width``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import sys
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -30,21 +42,67 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import fixup
-from fixup.data.images import load_images
+from _torchvision_shim import install as _install_torchvision_shim
 
-TRAINED = ["resnet18 (torchvision ResNet)", "regnetx (timm RegNet, BatchNormAct2d)",
-           "efficientnet (timm MBConv, BatchNormAct2d + SE)", "resnet (ResNetForImageClassification)"]
-# The library's own ResNet-18 (same layout, built by fixup.create_model under Fixup or BatchNorm): the yardstick
-# for the adapted torchvision one. Train it with --models "resnet18 (fixup-lab)".
+_install_torchvision_shim()  # before anything imports torchvision
+
+import fixup  # noqa: E402
+from fixup.data.images import load_images  # noqa: E402
+
+TIMM = ("resnet18", "regnetx_002", "efficientnet_b0", "mobilenetv3_small_050", "convnext_atto",
+        "vit_tiny_patch16_224")
+VIT_BLOCKS = 6  # of vit_tiny's 12: a 12-block cell costs about twice a 6-block one
+# The library's own ResNet-18 (torchvision's layout, built by fixup.create_model under Fixup or BatchNorm).
 OURS = "resnet18 (fixup-lab)"
+FORMS = ("adapted", "normalised")
+CLIPS = ("norm", "agc", "none")
 
 
-def _build(name: str, resnet18_width: int) -> torch.nn.Module:
+@dataclass(frozen=True)
+class Cell:
+    """One training run: a model in one form on one seed, under the recipe's settings."""
+
+    model: str
+    form: str                     # "adapted" or "normalised"
+    seed: int
+    steps: int = 150
+    lr: float = 0.1               # the weights' SGD rate; the scalars' follows from fixup.param_groups
+    scalar_lr_mult: float = 0.1
+    clip: str = "norm"            # "norm": global gradient norm; "agc": fixup.adaptive_clip_grad_; "none"
+    clip_value: float | None = None  # norm: the max norm (1); agc: lambda (the library's default)
+    adapt_options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+    vit_depth: int = VIT_BLOCKS
+    resnet18_width: int = 16      # "resnet18 (fixup-lab)" and the zoo's torchvision-layout ResNet-18
+    threads: int = 1
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as an int, a float, a bool (true/false) or else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"--adapt-option {text!r}: expected KEY=VALUE, e.g. trunk=none")
+    if raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
+def build(cell: Cell) -> torch.nn.Module:
+    if cell.model in TIMM:
+        from adapt_zoo import import_timm
+        extra = {"img_size": 32, "patch_size": 4, "depth": cell.vit_depth} if cell.model.startswith("vit") else {}
+        return import_timm().create_model(cell.model, pretrained=False, num_classes=10, **extra)
+    if cell.model == OURS:
+        return fixup.create_model("resnet18", width=cell.resnet18_width, num_classes=10,
+                                  norm="fixup" if cell.form == "adapted" else "batchnorm")
     from adapt_zoo import ZOO, BasicBlock, ResNet
-    if name.startswith("resnet18"):  # torchvision's ResNet-18 layout (7x7 stem, max pool), at this width
-        return ResNet(BasicBlock, [2, 2, 2, 2], width=resnet18_width)
-    return ZOO[name].build()
+    if cell.model == "resnet18 (torchvision ResNet)":  # torchvision's ResNet-18 layout, at this width
+        return ResNet(BasicBlock, [2, 2, 2, 2], width=cell.resnet18_width)
+    return ZOO[cell.model].build()
 
 
 def accounting() -> list[dict[str, object]]:
@@ -77,6 +135,7 @@ def accounting() -> list[dict[str, object]]:
     return rows
 
 
+@lru_cache(maxsize=1)
 def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     data = load_images("digits", image_size=32, channels=3)
     out = []
@@ -92,93 +151,181 @@ def _logits(out: object) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out["logits"]  # type: ignore[index]
 
 
-def train_one(name: str, form: str, seed: int, steps: int, data: tuple[torch.Tensor, ...],
-              resnet18_width: int, lr: float = 0.1, scalar_lr_mult: float = 0.1,
-              grad_clip: float = 0.0) -> dict[str, float]:
-    xtr, ytr, xte, yte = data
-    torch.manual_seed(seed)
-    if name == OURS:
-        model = fixup.create_model("resnet18", width=resnet18_width, num_classes=10,
-                                   norm="fixup" if form == "fixup" else "batchnorm")
-    else:
-        model = _build(name, resnet18_width)
-    if form == "fixup" and name != OURS:
+def _clipper(cell: Cell, model: torch.nn.Module):
+    if cell.clip == "none":
+        return lambda: None
+    if cell.clip == "norm":
+        max_norm = 1.0 if cell.clip_value is None else cell.clip_value
+        return lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    agc = getattr(fixup, "adaptive_clip_grad_", None)
+    if agc is None:
+        raise SystemExit("--clip agc needs fixup.adaptive_clip_grad_, which this checkout of fixup does not have "
+                         "yet (issue 24, item 4); use --clip norm or --clip none")
+    # Given the model, AGC leaves the tensors Fixup starts at zero to a global-norm clip (fixup.clip).
+    options = {} if cell.clip_value is None else {"clipping": cell.clip_value}
+    return lambda: agc(model, **options)
+
+
+def run_cell(cell: Cell) -> dict[str, object]:
+    """Train one cell; return its accuracy, whether it diverged, its final loss, its wall and CPU time."""
+    start, cpu_start = time.time(), time.process_time()
+    torch.set_num_threads(cell.threads)
+    xtr, ytr, xte, yte = _digits()
+    torch.manual_seed(cell.seed)
+    model = build(cell)
+    if cell.form == "adapted" and cell.model != OURS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model, _ = fixup.adapt(model, xtr[:2])
-    groups = fixup.param_groups(model, lr, weight_decay=5e-4, scalar_lr_mult=scalar_lr_mult)
-    opt = torch.optim.SGD(groups, lr=lr, momentum=0.9)
-    order = torch.Generator().manual_seed(seed)
+            model, _ = fixup.adapt(model, xtr[:2], **dict(cell.adapt_options))
+    opt = torch.optim.SGD(fixup.param_groups(model, cell.lr, weight_decay=5e-4, scalar_lr_mult=cell.scalar_lr_mult),
+                          lr=cell.lr, momentum=0.9)
+    clip = _clipper(cell, model)
+    order = torch.Generator().manual_seed(cell.seed)
     model.train()
-    perm, pos, losses = torch.randperm(len(xtr), generator=order), 0, []
-    for _ in range(steps):
+    perm, pos, loss_value, diverged_at = torch.randperm(len(xtr), generator=order), 0, float("nan"), None
+    for step in range(cell.steps):
         if pos + 64 > len(perm):
             perm, pos = torch.randperm(len(xtr), generator=order), 0
         idx = perm[pos:pos + 64]
         pos += 64
         loss = F.cross_entropy(_logits(model(xtr[idx])), ytr[idx])
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            diverged_at = step
+            break
         opt.zero_grad()
         loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        clip()
         opt.step()
-        losses.append(loss.item())
     model.eval()
     with torch.no_grad():
         acc = (_logits(model(xte)).argmax(1) == yte).float().mean().item()
-    return {"acc": acc, "final_loss": losses[-1], "finite": all(x == x and abs(x) != float("inf") for x in losses)}
+    return {**asdict(cell), "adapt_options": dict(cell.adapt_options), "acc": acc, "final_loss": loss_value,
+            "diverged_at": diverged_at, "seconds": round(time.time() - start, 1),
+            "cpu_seconds": round(time.process_time() - cpu_start, 1)}
 
 
-def training(seeds: int, steps: int, names: list[str], resnet18_width: int, lr: float,
-             forms: tuple[str, ...], scalar_lr_mult: float, grad_clip: float = 0.0) -> list[dict[str, object]]:
-    data = _digits()
-    rows = []
-    for name in names:
+def _one_thread_worker() -> None:
+    torch.set_num_threads(1)
+
+
+def run_cells(cells: list[Cell], jobs: int) -> list[dict[str, object]]:
+    """Run every cell, in this process (``jobs`` 1) or in ``jobs`` processes of one thread each."""
+    results = []
+
+    def done(r: dict[str, object]) -> None:
+        results.append(r)
+        diverged = r["diverged_at"] is not None
+        state = f"diverged at step {r['diverged_at']}" if diverged else f"loss {r['final_loss']:.3f}"
+        print(f"  {r['model']} {r['form']} seed {r['seed']}: {100 * r['acc']:.1f}% ({state}, {r['seconds']} s, "
+              f"{r['cpu_seconds']} CPU s)",
+              file=sys.stderr, flush=True)
+
+    if jobs <= 1:
+        for cell in cells:
+            done(run_cell(cell))
+        return results
+    os.environ["OMP_NUM_THREADS"] = "1"  # read by each child's OpenMP at start
+    cells = [replace(c, threads=1) for c in cells]
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_one_thread_worker) as pool:
+        for future in as_completed([pool.submit(run_cell, c) for c in cells]):
+            done(future.result())
+    return results
+
+
+def _cost(model: str) -> int:  # costliest first, so that the pool ends together
+    return {"vit_tiny_patch16_224": 0, "efficientnet_b0": 1, "convnext_atto": 2, "resnet18": 3}.get(model, 4)
+
+
+def training_table(results: list[dict[str, object]], models: list[str], forms: list[str],
+                   seeds: list[int]) -> tuple[list[dict[str, object]], str]:
+    """Rows per model and form (accuracy per seed, mean +- std, n, seconds) and their markdown table."""
+    rows, lines = [], []
+    lines.append("| model | form | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std (n) | s per run (CPU) |")
+    lines.append("|---|---|" + "---|" * len(seeds) + "---|---|")
+    for model in models:
         for form in forms:
-            start = time.time()
-            runs = [train_one(name, form, s, steps, data, resnet18_width, lr, scalar_lr_mult, grad_clip)
-                    for s in range(seeds)]
-            accs = [r["acc"] for r in runs]
-            rows.append({"model": name, "form": form, "accs": accs, "mean": statistics.mean(accs),
-                         "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "n": len(accs),
-                         "finite": all(r["finite"] for r in runs), "seconds": round(time.time() - start, 1)})
-            print(f"{name:<52} {form:<10} " + " ".join(f"{a:.3f}" for a in accs)
-                  + f"  {rows[-1]['mean']:.3f} +- {rows[-1]['std']:.3f} (n={len(accs)}, {rows[-1]['seconds']} s)",
-                  flush=True)
-    return rows
+            runs = {r["seed"]: r for r in results if r["model"] == model and r["form"] == form}
+            accs = [100 * runs[s]["acc"] for s in seeds if s in runs]
+            if not accs:
+                continue
+            mean = statistics.mean(accs)
+            std = statistics.stdev(accs) if len(accs) > 1 else float("nan")
+            seconds = statistics.mean(runs[s]["seconds"] for s in seeds if s in runs)
+            cpu = statistics.mean(runs[s]["cpu_seconds"] for s in seeds if s in runs)
+            rows.append({"model": model, "form": form, "accs": accs, "mean": mean, "std": std, "n": len(accs),
+                         "diverged": [s for s in seeds if s in runs and runs[s]["diverged_at"] is not None],
+                         "seconds_per_run": round(seconds, 1), "cpu_seconds_per_run": round(cpu, 1)})
+            cells = [f"{100 * runs[s]['acc']:.1f}" + (" (diverged)" if runs[s]["diverged_at"] is not None else "")
+                     if s in runs else "" for s in seeds]
+            spread = f"{mean:.1f} ± {std:.1f} (n={len(accs)})" if len(accs) > 1 else f"{mean:.1f} (n=1)"
+            lines.append(f"| {model} | {form} | " + " | ".join(cells) + f" | {spread} | {seconds:.0f} ({cpu:.0f}) |")
+    means = {(r["model"], r["form"]): r["mean"] for r in rows}
+    gaps = [(m, means[(m, "adapted")] - means[(m, "normalised")]) for m in models
+            if (m, "adapted") in means and (m, "normalised") in means]
+    if gaps:
+        lines += ["", "| model | adapted − normalised (points, of the means) |", "|---|---|"]
+        lines += [f"| {m} | {g:+.1f} |" for m, g in gaps]
+    return rows, "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=("accounting", "training"), default=None)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--models", nargs="+", default=list(TIMM),
+                   help=f"models to train: of {list(TIMM)} (timm), {OURS!r}, or names of tests/adapt_zoo.py's ZOO")
+    p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds to run (n = how many)")
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--models", nargs="*", default=TRAINED,
-                   help=f"models of tests/adapt_zoo.py to train, or {OURS!r} (the library's own ResNet-18)")
-    p.add_argument("--resnet18-width", type=int, default=16,
-                   help="ResNet-18's base width (torchvision's is 64: about 5 s a step on 2 shared cores)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD rate of the weights (scalars: fixup.param_groups)")
     p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
-    p.add_argument("--grad-clip", type=float, default=0.0,
-                   help="clip the global gradient norm to this before each step (0, the default: no clipping)")
-    p.add_argument("--forms", nargs="*", default=["fixup", "normalised"], choices=["fixup", "normalised"])
-    p.add_argument("--json", default=None, help="write both tables as JSON")
+    p.add_argument("--clip", choices=CLIPS, default="norm",
+                   help="before each step: clip the global gradient norm (norm, at 1), adaptive gradient clipping "
+                        "(agc: fixup.adaptive_clip_grad_(model)), or nothing")
+    p.add_argument("--clip-value", type=float, default=None,
+                   help="norm: the max norm (1); agc: lambda (the library's default)")
+    p.add_argument("--adapt-option", action="append", type=parse_option, default=[], metavar="KEY=VALUE",
+                   help="forwarded to fixup.adapt for the adapted form (repeatable; int, float, bool or string)")
+    p.add_argument("--vit-depth", type=int, default=VIT_BLOCKS,
+                   help="blocks of vit_tiny_patch16_224 (12 as registered)")
+    p.add_argument("--resnet18-width", type=int, default=16, help=f"base width of {OURS!r} and the zoo's ResNet-18")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per cell (with --jobs 1)")
+    p.add_argument("--jobs", type=int, default=1, help="run the cells in this many processes, one thread each")
+    p.add_argument("--json", default=None, help="write the settings, every run and the tables as JSON")
     args = p.parse_args()
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    out: dict[str, object] = {"settings": {"seeds": args.seeds, "steps": args.steps, "batch": 64, "lr": args.lr,
-                                           "scalar_lr_mult": args.scalar_lr_mult, "grad_clip": args.grad_clip,
-                                           "momentum": 0.9, "weight_decay": 5e-4, "image_size": 32,
-                                           "resnet18_width": args.resnet18_width}}
+    for name in ("steps", "threads", "jobs", "vit_depth"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    torch.set_num_threads(args.threads)
+    if args.only in (None, "training"):
+        from adapt_zoo import ZOO
+        unknown = [m for m in args.models if m not in TIMM and m != OURS and m not in ZOO]
+        if unknown:
+            p.error(f"--models: unknown {unknown}; use names of {list(TIMM)} (timm), {OURS!r} or of "
+                    "tests/adapt_zoo.py's ZOO")
+    options = tuple(args.adapt_option)
+    out: dict[str, object] = {"settings": {
+        "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "scalar_lr_mult": args.scalar_lr_mult,
+        "momentum": 0.9, "weight_decay": 5e-4, "image_size": 32, "clip": args.clip, "clip_value": args.clip_value,
+        "adapt_options": dict(options), "vit_depth": args.vit_depth, "threads": args.threads, "jobs": args.jobs,
+        "command": " ".join(sys.argv)}}
     if args.only in (None, "accounting"):
         out["accounting"] = rows = accounting()
         for r in rows:
             print(f"| {r['model']} | {r['source']} | {r['result']} | {r.get('L', '')} | {r.get('m', '')} | "
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
     if args.only in (None, "training"):
-        out["training"] = training(args.seeds, args.steps, args.models, args.resnet18_width, args.lr,
-                                   tuple(args.forms), args.scalar_lr_mult, args.grad_clip)
+        cells = [Cell(m, f, s, args.steps, args.lr, args.scalar_lr_mult, args.clip, args.clip_value, options,
+                      args.vit_depth, args.resnet18_width, args.threads)
+                 for m in sorted(args.models, key=_cost) for f in args.forms for s in args.seeds]
+        start = time.time()
+        runs = run_cells(cells, args.jobs)
+        rows, table = training_table(runs, args.models, args.forms, args.seeds)
+        print(table)
+        print(f"\n{len(cells)} runs, {time.time() - start:.0f} s wall; command: {out['settings']['command']}")
+        out["training"] = {"runs": runs, "rows": rows, "markdown": table}
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
 if __name__ == "__main__":
