@@ -1,6 +1,6 @@
 """Speed and memory of every model family under Fixup, its bare form and BatchNorm/LayerNorm, side by side.
 
-The same benchmark as ``fixup bench`` (the code is fixup.bench), runnable from a checkout. The table of
+The same benchmark as ``fixup bench`` (the code is fixup.perf.bench), runnable from a checkout. The table of
 docs/performance.md (every family x 1 and 2 threads x eager and compiled) comes from
 
     python benchmarks/bench_models.py --compile --variants none fixup norm fixup-folded --threads 1 2 --reps 3 \

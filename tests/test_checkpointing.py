@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fixup.checkpointing import (
+from fixup.models import create_model
+from fixup.perf.checkpointing import (
     CheckpointedSequential,
     checkpointed_stages,
     disable_checkpointing,
     enable_checkpointing,
 )
-from fixup.memory import peak_step_memory
-from fixup.models import create_model
+from fixup.perf.memory import peak_step_memory
 
 
 def _perturbed(depth: int):

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from fixup.fold import ShiftedConv2d, fold_after, fold_for_inference, fold_layer
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.nn import Bias, Scale
-from fixup.ops import set_lean
+from fixup.perf.fold import ShiftedConv2d, fold_after, fold_for_inference, fold_layer
+from fixup.perf.ops import set_lean
 
 FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]
 FAMILIES = {

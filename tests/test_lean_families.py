@@ -18,7 +18,7 @@ from torch import nn
 from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
-from fixup.ops import set_lean
+from fixup.perf.ops import set_lean
 
 FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]
 CONV_METHODS = [*FIXUP_METHODS, "he", "xavier", "sqrt2"]

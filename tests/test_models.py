@@ -13,7 +13,7 @@ from fixup.branch import find_branches
 from fixup.init import data_init_
 from fixup.method import METHODS
 from fixup.nn import residual_add
-from fixup.ops import set_lean
+from fixup.perf.ops import set_lean
 
 # (builder, keyword arguments, input size): small members of each architecture family, for the method grid.
 TINY = [

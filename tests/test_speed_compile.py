@@ -9,9 +9,9 @@ import torch
 import torch._dynamo as dynamo
 from torch import nn
 
-from fixup.checkpointing import enable_checkpointing
 from fixup.models import create_model, list_models
-from fixup.ops import set_lean
+from fixup.perf.checkpointing import enable_checkpointing
+from fixup.perf.ops import set_lean
 
 Inputs = tuple[torch.Tensor, ...]
 

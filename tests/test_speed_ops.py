@@ -14,7 +14,7 @@ from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
-from fixup.ops import lean_conv2d, ones_response, set_lean
+from fixup.perf.ops import lean_conv2d, ones_response, set_lean
 
 
 def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:

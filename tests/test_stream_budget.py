@@ -10,7 +10,7 @@ import fixup
 from fixup.branch import find_branches
 from fixup.groups import stream_biases
 from fixup.lab.stream import stream_probe
-from fixup.ops import set_lean
+from fixup.perf.ops import set_lean
 from fixup.train import TrainConfig, fit
 from fixup.train.collapse import CollapseWatch, live_fraction, stream_offsets
 from fixup.train.task import create_task

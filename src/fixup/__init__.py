@@ -9,14 +9,14 @@
 
 from ._adapt import TRUNK_RULES, AdaptError, AdaptReport, adapt, load_original, trunk_init_
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
-from .checkpointing import enable_checkpointing
 from .clip import adaptive_clip_grad_
-from .fold import fold_for_inference
 from .groups import param_groups
 from .init import branch_scale, fixup_init_
 from .method import METHODS, Method, resolve_method
 from .models import create_model, list_models, register_model
 from .nn import Bias, Scale, residual_add
+from .perf.checkpointing import enable_checkpointing
+from .perf.fold import fold_for_inference
 from .report import FixupReport, FixupWarning, InitReport
 
 __version__ = "0.1.0"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..fold import count_scalars, fold_layer
 from ..method import Method, as_method
 from ..nn import Gate, Scale
-from ..ops import scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import scalar_value
 
 __all__ = ["StemHeadFolding", "branch_multiplier", "check_method", "make_norm", "name_blocks", "scalar"]
 

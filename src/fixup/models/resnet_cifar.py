@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..branch import Branch
-from ..fold import count_scalars, fold_layer
 from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, check_residual_shapes, residual_add
-from ..ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
@@ -64,7 +64,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
         self.norm2 = make_norm(norm, out_ch, norm_groups)
         self.relu = nn.ReLU(inplace=True)
-        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
+        self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         if stride == 1 and in_ch == out_ch:
             self.shortcut: nn.Module = nn.Identity()
@@ -117,7 +117,7 @@ class BasicBlock(nn.Module):
         return self.shortcut(b1a.reshape(1, 1, 1, 1).expand(1, self.conv1.in_channels, 1, 1))
 
     def lean_forward(self, x: Tensor) -> Tensor:
-        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`."""
+        """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`."""
         b1a, b1b, b2a, b2b, s = self._scalars()
         out = lean_conv2d(x, self.conv1, shift=b1a, bias=b1b).relu_()
         post = b2b
@@ -134,7 +134,7 @@ class BasicBlock(nn.Module):
 
     @torch.no_grad()
     def fold_(self) -> int:
-        """Fold every scalar into conv1 and conv2 (exact; see :mod:`fixup.fold`); returns how many folded.
+        """Fold every scalar into conv1 and conv2 (exact; see :mod:`fixup.perf.fold`); returns how many folded.
 
         Needs no normalisation layer and a linear shortcut; otherwise nothing is folded.
         """

@@ -30,11 +30,11 @@ import torch
 from torch import Tensor, nn
 
 from ..branch import Branch
-from ..fold import count_scalars, fold_layer
 from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
-from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 from .resnet_cifar import BasicBlock
@@ -80,7 +80,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, out_ch, 1, bias=False)
         self.norm3 = make_norm(norm, out_ch, norm_groups)
         self.relu = nn.ReLU(inplace=True)
-        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
+        self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         self.shortcut: nn.Module = nn.Identity()
         if (stride, in_ch) != (1, out_ch):
@@ -127,7 +127,7 @@ class Bottleneck(nn.Module):
         return self.projection.weight.sum((1, 2, 3)) * b1a
 
     def lean_forward(self, x: Tensor) -> Tensor:
-        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`.
+        """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`.
 
         conv1 and conv3 are 1x1 without padding, so their biases before and after ride in the convolution's
         per-channel bias; only conv2's (3x3, zero-padded) shift adds a map.
@@ -145,7 +145,7 @@ class Bottleneck(nn.Module):
 
     @torch.no_grad()
     def fold_(self) -> int:
-        """Fold every scalar into the three convolutions (exact; see :mod:`fixup.fold`); returns how many folded."""
+        """Fold every scalar into the three convolutions (exact; :mod:`fixup.perf.fold`); returns how many folded."""
         if any(type(n) is not nn.Identity for n in (self.norm1, self.norm2, self.norm3)) or not self._plain_shortcut():
             return 0
         b1a, b1b, b2a, b2b, b3a, b3b, s = self._scalars()

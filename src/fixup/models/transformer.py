@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..fold import count_scalars, fold_layer
 from ..init import describe_init, initialise_
 from ..method import Method, as_method
 from ..nn import Bias, Scale
-from ..ops import scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import scalar_value
 from ._common import check_method, name_blocks
 from ._registry import register_model
 from .transformer_blocks import (

@@ -2,7 +2,7 @@
 
 Each block is one residual branch ``x + F(x)`` (Fixup, section 5: every LayerNorm of the fairseq
 Transformer replaced by the Fixup parameterisation) and owns its branch declaration, its lean forward
-(the scalars inside the projections, :func:`fixup.ops.lean_linear`) and its folding (``fold_``).
+(the scalars inside the projections, :func:`fixup.perf.ops.lean_linear`) and its folding (``fold_``).
 :mod:`fixup.models.transformer` assembles them into the encoder-decoder model.
 """
 
@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..branch import Branch
-from ..fold import count_scalars, fold_layer
 from ..method import Method
 from ..nn import Bias, Scale, residual_add
-from ..ops import lean_linear, lean_residual_, observed, plain_linear, scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import lean_linear, lean_residual_, observed, plain_linear, scalar_value
 from ._common import branch_multiplier
 
 __all__ = ["TRANSFORMER_NORMS", "AttentionBlock", "Cache", "FeedForwardBlock", "TransformerConfig", "causal_mask",
@@ -101,7 +101,7 @@ class AttentionBlock(nn.Module):
         self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
-        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
+        self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
         biases = [b for b in (self.bias_in, self.bias_out) if isinstance(b, Bias)]
@@ -134,7 +134,7 @@ class AttentionBlock(nn.Module):
 
     def lean_forward(self, x: Tensor, memory: Tensor | None = None, key_mask: Tensor | None = None,
                      causal: bool = False, cache: Cache | None = None) -> Tensor:
-        """The forward with the scalars folded into the projections on the fly (:func:`fixup.ops.lean_linear`):
+        """The forward with the scalars folded into the projections on the fly (:func:`fixup.perf.ops.lean_linear`):
         ``W (x + b) = W x + b W.sum(1)`` for queries (and keys and values of self-attention), the output bias
         and multiplier in the output projection. Call where :meth:`lean_ready`."""
         b_in, b_out, s = (scalar_value(m) for m in (self.bias_in, self.bias_out, self.scale))
@@ -211,7 +211,7 @@ class FeedForwardBlock(nn.Module):
         self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
-        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
+        self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
         biases = [b for b in (self.bias1, self.bias2, self.bias3) if isinstance(b, Bias)]
@@ -231,7 +231,7 @@ class FeedForwardBlock(nn.Module):
 
     def lean_forward(self, x: Tensor) -> Tensor:
         """``x + s * fc2(relu(fc1(x + b1) + b2) + b3)`` with every scalar inside the two ``F.linear`` calls
-        (:func:`fixup.ops.lean_linear`). Call where :meth:`lean_ready`."""
+        (:func:`fixup.perf.ops.lean_linear`). Call where :meth:`lean_ready`."""
         b1, b2, b3, s = (scalar_value(m) for m in self._scalar_modules())
         h = lean_linear(x, self.fc1, shift=b1, bias=b2).relu_()
         h = F.dropout(h, self.activation_dropout, self.training)

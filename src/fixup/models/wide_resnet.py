@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..branch import Branch
-from ..fold import count_scalars, fold_layer
 from ..init import initialise_
 from ..method import METHODS, Method
 from ..nn import Bias, Scale, residual_add
-from ..ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
+from ..perf.fold import count_scalars, fold_layer
+from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
 
@@ -69,7 +69,7 @@ class WideBlock(nn.Module):
         self.scale = branch_multiplier(method)
         self.bias2b = scalar(Bias, method.has_stream_bias)
         self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
-        self.lean = True  # compute forward by fixup.ops where it applies: same function, less memory
+        self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False) if (stride, in_ch) != (1, out_ch) else None
 
     def residual_branches(self) -> Sequence[Branch]:
@@ -100,7 +100,7 @@ class WideBlock(nn.Module):
                 and not observed(*convs, *self._scalar_modules(), self.relu, self.dropout))
 
     def lean_forward(self, x: Tensor) -> Tensor:
-        """The forward keeping no tensor for the scalars (:mod:`fixup.ops`); call where :meth:`lean_ready`.
+        """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`.
 
         ``relu(x + b1a)`` costs one addition more than the bare ``relu(x)`` (the shortcut needs ``x`` itself);
         ``b1b`` rides in conv1's bias, ``b2a``, the multiplier and ``b2b`` in conv2. With dropout active
@@ -123,7 +123,7 @@ class WideBlock(nn.Module):
 
     @torch.no_grad()
     def fold_(self, *, input_shifted: bool = False, next_shift: Tensor | None = None) -> int:
-        """Fold the scalars into conv1 and conv2 (exact; see :mod:`fixup.fold`); returns how many folded.
+        """Fold the scalars into conv1 and conv2 (exact; see :mod:`fixup.perf.fold`); returns how many folded.
 
         ``b1a`` sits on the residual stream before the activation, where no layer can take it. A model can
         carry it on the stream instead: with ``input_shifted`` the block's input arrives as ``x + b1a`` (the

@@ -143,7 +143,7 @@ class _Run:
         model.to(runtime.device)
         _data_init(model, self.task, config, runtime.device)
         if config.checkpoint_segments:  # keep activations of segment inputs only; recompute the rest in backward
-            from ..checkpointing import enable_checkpointing
+            from ..perf.checkpointing import enable_checkpointing
 
             enable_checkpointing(model, config.checkpoint_segments)
         if runtime.distributed:  # the same model everywhere (DDP broadcasts it), independent dropout per process

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .nn import Bias, Scale
+from ..nn import Bias, Scale
 from .ops import ShiftedConv2d, scalar_value
 
 __all__ = ["FOLDERS", "FoldResult", "ShiftedConv2d", "fold_after", "fold_for_inference",

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..method import METHODS, Method
+from ..models import create_model
+from ..report import FixupWarning
 from .fold import fold_for_inference
-from .method import METHODS, Method
-from .models import create_model
 from .ops import set_lean
-from .report import FixupWarning
 
 __all__ = ["FAMILIES", "FLOOR", "VARIANTS", "Family", "build_variant", "make_batch"]
 

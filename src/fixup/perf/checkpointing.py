@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .branch import ResidualBlock
+from ..branch import ResidualBlock
 
 __all__ = ["CheckpointedSequential", "checkpointed_stages", "disable_checkpointing", "enable_checkpointing"]
 

@@ -40,7 +40,7 @@ class DeepCase:
     segments: int = 0  # checkpoint segments over the whole network; 0 = no checkpointing
     steps: int = 2  # training steps; the first includes one-off allocation, later ones are reported
     image_size: int = 32
-    lean: bool = True  # the lean Fixup path (fixup.ops); False = the straightforward one
+    lean: bool = True  # the lean Fixup path (fixup.perf.ops); False = the straightforward one
     threads: int = 1  # torch.set_num_threads in the child process
     seed: int = 0
 
@@ -52,8 +52,8 @@ def auto_segments(depth: int) -> int:
 
 def run_case(case: DeepCase) -> dict[str, Any]:
     """Run ``case`` in this process; returns its figures (peak RSS is this process's whole life)."""
+    from ..models import create_model
     from .checkpointing import enable_checkpointing
-    from .models import create_model
     from .ops import set_lean
 
     torch.set_num_threads(case.threads)
@@ -92,7 +92,7 @@ def run_case_in_subprocess(case: DeepCase, timeout_s: float | None = None) -> di
     src = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": str(case.threads)}
-    cmd = [sys.executable, "-m", "fixup.bench_deep", "--case", json.dumps(asdict(case))]
+    cmd = [sys.executable, "-m", "fixup.perf.bench_deep", "--case", json.dumps(asdict(case))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -107,7 +107,7 @@ def run_case_in_subprocess(case: DeepCase, timeout_s: float | None = None) -> di
 def sweep(depths: list[int], batch: int = 8, segments: list[str] | None = None, steps: int = 2,
           timeout_s: float | None = None, progress: Any = None) -> dict[str, Any]:
     """Every depth with every segment setting (``"0"``: none, ``"auto"``: sqrt(blocks), or a number)."""
-    from .models.resnet_cifar import check_cifar_depth
+    from ..models.resnet_cifar import check_cifar_depth
 
     for depth in depths:
         check_cifar_depth(depth)
@@ -140,8 +140,8 @@ def format_deep_table(result: dict[str, Any]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from ._checks import check_numbers
-    from ._io import write_json
+    from .._checks import check_numbers
+    from .._io import write_json
 
     check_numbers(args, positive=("batch", "steps", "timeout"))
     for seg in args.segments:

@@ -1,13 +1,13 @@
 """Speed and memory of every model family under Fixup, its bare form and its normalised baseline, side by side.
 
-``benchmark(config)`` builds each family (:mod:`fixup.bench_families`) once per variant and, for each
+``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and, for each
 execution mode (eager, ``torch.compile``) and thread count, measures in one process and interleaved
 (every repetition times each variant once, in a rotating order, so that load from other processes falls
 on all variants alike):
 
 - the training step: forward, cross-entropy, backward and an SGD step (momentum 0.9);
 - the forward pass (``torch.no_grad``, eval mode), which is also where the folded model is timed;
-- peak memory of one training step (see :mod:`fixup.memory`), once per family and mode.
+- peak memory of one training step (see :mod:`fixup.perf.memory`), once per family and mode.
 
 Every ratio is to the bare network of the same family timed in the same repetition (the median of the
 per-repetition ratios, with their min and max). Targets: a Fixup training step within
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._devices import check_device_name, resolve_device
+from .._devices import check_device_name, resolve_device
 from .bench_families import (
     FAMILIES,
     FLOOR,
@@ -92,7 +92,7 @@ class BenchConfig:
         if self.image_size is not None and self.image_size < 1:
             raise ValueError(f"image_size must be >= 1 pixel, got {self.image_size}")
         if self.depth is not None:
-            from .models.resnet_cifar import check_cifar_depth
+            from ..models.resnet_cifar import check_cifar_depth
 
             check_cifar_depth(self.depth)
         check_device_name(self.device)
@@ -325,7 +325,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import sys
 
-    from ._io import check_output_file, write_json
+    from .._io import check_output_file, write_json
 
     if args.json:
         check_output_file(args.json)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-from .nn import Bias, Scale, check_residual_shapes
+from ..nn import Bias, Scale, check_residual_shapes
 
 __all__ = ["ShiftedConv2d", "conv_output_shape", "lean_conv2d", "lean_linear", "lean_residual_",
            "observed", "ones_response", "plain_conv", "plain_linear", "scalar_value", "set_lean"]
