@@ -14,7 +14,7 @@ from .groups import param_groups
 from .init import branch_scale, fixup_init_
 from .method import METHODS, Method, resolve_method
 from .models import create_model, list_models, register_model
-from .nn import Bias, Scale, residual_add
+from .nn import Bias, Gate, Scale, residual_add
 from .perf.checkpointing import enable_checkpointing
 from .perf.fold import fold_for_inference
 from .report import FixupReport, FixupWarning, InitReport
@@ -31,6 +31,7 @@ __all__ = [
     "FixupClassifier",
     "FixupReport",
     "FixupWarning",
+    "Gate",
     "InitReport",
     "Method",
     "ResidualBlock",
