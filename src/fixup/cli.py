@@ -27,7 +27,7 @@ _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"norm": args.norm}
+    kwargs: dict[str, Any] = {} if args.norm is None else {"norm": args.norm}
     if args.init is not None:
         kwargs["init"] = args.init
     if args.depth is not None:
@@ -54,7 +54,7 @@ def _inspect(args: argparse.Namespace) -> int:
     model = create_model(args.model, **_model_kwargs(args))
     report = model.init_report
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.model} (norm={args.norm}, init={args.init or 'default'}): {params:,} parameters")
+    print(f"{args.model} (norm={model.method.norm}, init={args.init or 'default'}): {params:,} parameters")
     if report is None:
         print("no initialisation accounting is available for this method")
     else:
@@ -68,9 +68,10 @@ def _inspect(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="build a model and print its initialisation accounting report")
     p.add_argument("model", nargs="?", help="a registered model name (see `fixup list`)")
-    p.add_argument("--norm", default="fixup", help="normalisation: fixup, batchnorm, groupnorm, layernorm or none")
+    p.add_argument("--norm", default=None, help="normalisation: fixup, batchnorm, groupnorm, layernorm or none "
+                                                "(default None: fixup, or the norm of the method --init names)")
     p.add_argument("--init", default=None, help="initialisation or ablation (depends on --norm; default None: the "
-                                                "norm's own)")
+                                                "norm's own); alone, any method of fixup.METHODS, e.g. rezero")
     p.add_argument("--depth", type=int, default=None, help="depth, for models that take one (default None: the "
                                                            "model's own)")
     p.add_argument("--width", type=int, default=None, help="width, for models that take one (default None: the "
