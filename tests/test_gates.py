@@ -134,3 +134,16 @@ def test_a_model_built_for_another_method_is_refused_with_what_to_do() -> None:
     model = fixup.create_model("resnet20")
     with pytest.raises(ValueError, match=r"have no gate; build the model for the method .*method='rezero'"):
         fixup.init.initialise_(model, "rezero")
+
+
+@pytest.mark.parametrize("name", ["resnet_cifar", "wide_resnet", "resnet_imagenet_bottleneck_tiny"])
+def test_a_trained_gate_folds_into_its_layer_for_inference(name: str) -> None:
+    model, args = _build(name, "rezero")
+    with torch.no_grad():
+        for i, gate in enumerate(m for m in model.modules() if isinstance(m, Gate)):
+            gate.scale.fill_(0.1 * (i + 1))  # as after training
+    model.eval()
+    expected = model(*args)
+    folded = fixup.fold_for_inference(model).model
+    assert not [m for m in folded.modules() if isinstance(m, Gate)]
+    torch.testing.assert_close(folded(*args), expected, rtol=1e-5, atol=1e-5)
