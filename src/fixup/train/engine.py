@@ -5,7 +5,8 @@ forward under autocast when asked, divergence check (a non-finite loss, or one a
 ends the run as a recorded outcome), backward, optional gradient clipping, the optimiser, the
 per-step schedule and the collapse watch (a network with no live unit for ``collapse_patience`` steps
 ends as ``collapsed``; see :mod:`fixup.train.collapse`). Per epoch: metrics reduced over processes,
-evaluation, the run folder and an atomic checkpoint. SIGINT/SIGTERM finish the current step, write a
+evaluation, the distribution of the method's scalars (:mod:`fixup.train.scalars`; also once at
+initialisation, as epoch 0), the run folder and an atomic checkpoint. SIGINT/SIGTERM finish the current step, write a
 checkpoint of the exact position and end the run as ``interrupted``; calling :func:`fit` again with the
 same ``out_dir`` continues bit-exactly.
 """
@@ -46,6 +47,7 @@ from .config import TrainConfig
 from .optim import build_optimizer, build_scheduler
 from .result import Outcome, TrainResult
 from .runlog import RunLog
+from .scalars import scalar_stats
 from .task import Task, create_task, move_to
 
 __all__ = ["StepInfo", "fit"]
@@ -165,6 +167,7 @@ class _Run:
         self.stopped_by = ""  # the signal that stopped the run (SIGINT, SIGTERM), if one did
         self.partial: dict[str, Tensor] = {}
         self.history: list[dict[str, Any]] = []
+        self.scalars: list[dict[str, Any]] = []  # per epoch (0: at initialisation) the scalars' distribution
         self.outcome: Outcome | None = None
         self.already_ended = False  # the run folder held a run that had already ended; nothing was trained
         self.ckpt = self.out_dir / CHECKPOINT if self.out_dir is not None and config.checkpoint else None
@@ -186,6 +189,7 @@ class _Run:
                 "config": self.config.to_dict(),
                 "position": {"epoch": self.epoch, "batch": self.batch, "step": self.step},
                 "partial": {k: v.detach().cpu() for k, v in self.partial.items()}, "history": self.history,
+                "scalars": self.scalars,
                 "outcome": None if self.outcome is None else self.outcome.to_dict()}
 
     def _save(self) -> bool:
@@ -233,6 +237,8 @@ class _Run:
             self.partial = {k: v.to(self.runtime.device) for k, v in state.get("partial", {}).items()}
             field = "history"
             self.history = list(state.get("history", []))
+            field = "scalars"
+            self.scalars = list(state.get("scalars", []))  # checkpoints written before the record have none
             field = "outcome"
             if state.get("outcome") and state["outcome"]["status"] != "interrupted":
                 self.outcome = Outcome(**state["outcome"])
@@ -263,8 +269,10 @@ class _Run:
             assert self.outcome is not None
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
                                  None if self.out_dir is None else str(self.out_dir), self.model,
-                                 already_ended=self.already_ended, stopped_by=self.stopped_by)
+                                 already_ended=self.already_ended, stopped_by=self.stopped_by,
+                                 scalars=self.scalars)
             log.write_history(self.history)
+            log.write_scalars(self.scalars)
             log.write_result(result.to_dict())
             return result
         finally:
@@ -280,6 +288,8 @@ class _Run:
         autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
                                   enabled=cfg.precision != "fp32")
         every = max(1, self.steps_per_epoch // 20)
+        if self.step == 0 and not self.scalars:  # epoch 0: the scalars as initialised (a resumed run has them)
+            self._record_scalars()
         try:
             while self.epoch < n_epochs and self.outcome is None:
                 bar.set_description(f"epoch {self.epoch + 1}/{n_epochs}")
@@ -370,11 +380,17 @@ class _Run:
         record["time_s"] = time.perf_counter() - started
         self.history.append(record)
         self.epoch, self.batch, self.partial = self.epoch + 1, 0, {}
+        self._record_scalars()
         if last:
             self.outcome = Outcome("completed", self.epoch - 1, self.step)
         log.write_history(self.history)
+        log.write_scalars(self.scalars)
         self._keep()
         self._save()
+
+    def _record_scalars(self) -> None:
+        """The scalars' distribution now, as the record of ``self.epoch`` (epochs finished; 0 before training)."""
+        self.scalars.append({"epoch": self.epoch, "step": self.step, "scalars": scalar_stats(self.model)})
 
     def _evaluate(self) -> dict[str, float]:
         rt, cfg = self.runtime, self.config

@@ -55,7 +55,7 @@ class Outcome(str):
 
 @dataclass
 class TrainResult:
-    """The history (one dict per finished epoch), the outcome, and the run's setup."""
+    """The history (one dict per finished epoch), the outcome, the run's setup and its scalars over training."""
 
     history: list[dict[str, Any]]
     outcome: Outcome
@@ -66,6 +66,9 @@ class TrainResult:
     model: nn.Module | None = field(default=None, repr=False, compare=False)  # the trained model (unwrapped)
     already_ended: bool = False  # the run folder's run had already ended: returned as found, nothing trained
     stopped_by: str = ""  # the signal that interrupted the run ("SIGINT", "SIGTERM"), "" otherwise
+    # Per finished epoch, and at initialisation (epoch 0), the distribution of the method's scalars per kind and
+    # stage: {"epoch", "step", "scalars": [{"kind", "stage", "count", "mean", ...}]} (fixup.train.scalars).
+    scalars: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -86,4 +89,5 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": self.outcome.to_dict(), "final": self.final, "history": self.history,
-                "config": self.config, "param_groups": self.param_groups, "task": self.task, "out_dir": self.out_dir}
+                "config": self.config, "param_groups": self.param_groups, "task": self.task, "out_dir": self.out_dir,
+                "scalars": self.scalars}

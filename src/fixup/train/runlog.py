@@ -7,7 +7,9 @@ Only the main process writes. Files in ``out_dir``:
   which learning rate and weight decay);
 - ``metrics.jsonl`` / ``metrics.csv``: one record per epoch (train/test loss and accuracy, learning
   rate, optimiser steps, seconds), rewritten from the history so a resumed run never repeats a line;
-- ``result.json``: the outcome and the history when the run ends; ``checkpoint.pt``: see checkpoint.py;
+- ``scalars.jsonl``: per epoch, and at initialisation (epoch 0), the distribution of the method's scalars per kind
+  and stage (:mod:`fixup.train.scalars`), rewritten like the metrics;
+- ``result.json``: the outcome, the history and the scalars when the run ends; ``checkpoint.pt``: see checkpoint.py;
 - ``tensorboard/``: event files when ``tensorboard=True``.
 """
 
@@ -69,6 +71,17 @@ class RunLog:
             for key, value in last.items():
                 if isinstance(value, (int, float)) and key not in ("epoch", "step"):
                     self.tb.add_scalar(key, value, last["epoch"])
+            self.tb.flush()
+
+    def write_scalars(self, epochs: list[dict[str, Any]]) -> None:
+        """Rewrite scalars.jsonl (one line per epoch); log the newest epoch's means per kind to TensorBoard."""
+        if self.dir is None:
+            return
+        write_text(self.dir / "scalars.jsonl", "".join(json.dumps(e) + "\n" for e in epochs))
+        if self.tb is not None and epochs:
+            last = epochs[-1]
+            for rec in last["scalars"]:
+                self.tb.add_scalar(f"scalars/{rec['kind']}/{rec['stage']}/mean", rec["mean"], last["epoch"])
             self.tb.flush()
 
     def write_result(self, result: dict[str, Any]) -> None:
