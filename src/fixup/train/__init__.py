@@ -7,7 +7,8 @@
 See docs/training.md. The pieces: :mod:`.config` (the typed config), :mod:`.task` (the protocol a
 task implements), :mod:`.image_task` (image classification), :mod:`.optim` (parameter groups and
 schedules), :mod:`.regularisers` (Mixup, Cutout, label smoothing), :mod:`.checkpoint`,
-:mod:`.distributed`, :mod:`.runlog`, :mod:`.engine` (the loop).
+:mod:`.distributed`, :mod:`.runlog`, :mod:`.scalars` (the method's scalars over training), :mod:`.engine` (the
+loop).
 """
 
 from .checkpoint import CheckpointError
@@ -17,6 +18,7 @@ from .image_task import ImageClassification
 from .optim import build_optimizer, config_groups, lr_factor
 from .regularisers import cutout, mixup, soft_targets
 from .result import EXIT_CODES, Outcome, TrainResult
+from .scalars import read_scalars, scalar_stats
 from .task import TASKS, Shard, Task
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "fit",
     "lr_factor",
     "mixup",
+    "read_scalars",
+    "scalar_stats",
     "soft_targets",
 ]
