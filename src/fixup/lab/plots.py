@@ -14,7 +14,8 @@ from typing import Any
 
 from .._plotting import pyplot
 
-__all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_signal", "plot_update"]
+__all__ = ["plot_coupling", "plot_forward_variance", "plot_layer_stats", "plot_scalar", "plot_scalars", "plot_signal",
+           "plot_update"]
 
 
 def _save(fig: Any, path: str | Path) -> Path:
@@ -137,4 +138,46 @@ def plot_signal(signals: dict[str, Any], path: str | Path, band: tuple[float, fl
     ax.set_ylabel("stream RMS / input RMS")
     ax.set_title("signal propagation at initialisation")
     ax.legend()
+    return _save(fig, path)
+
+
+def plot_scalars(epochs: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Each kind of scalar over training, one panel per kind (from a run's records, :func:`fixup.train.read_scalars`).
+
+    Per panel: the mean over the whole model (bold), its spread (mean ± std, shaded), its minimum and maximum
+    (dotted), and each stage's mean (thin). Non-finite values (a diverged run) are left out and counted in the
+    panel's title.
+    """
+    plt = pyplot()
+    kinds = list(dict.fromkeys(r["kind"] for e in epochs for r in e["scalars"]))
+    if not kinds:
+        raise ValueError("these records hold no scalars (the model has no Fixup scalar and no gate: a BatchNorm or "
+                         "plain network); nothing to plot")
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.6 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        series: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for e in epochs:
+            for r in e["scalars"]:
+                if r["kind"] == kind:
+                    series.setdefault(r["stage"], []).append((e["epoch"], r))
+        whole = series.pop("all", [])
+        bad = sum(1 for _, r in whole if not all(math.isfinite(r[k]) for k in ("mean", "std", "min", "max")))
+        whole = [(x, r) for x, r in whole if all(math.isfinite(r[k]) for k in ("mean", "std", "min", "max"))]
+        for stage, rs in series.items():
+            pts = [(x, r["mean"]) for x, r in rs if math.isfinite(r["mean"])]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "-", lw=0.9, alpha=0.7, label=f"{stage} mean")
+        if whole:
+            xs = [x for x, _ in whole]
+            mean = [r["mean"] for _, r in whole]
+            ax.fill_between(xs, [r["mean"] - r["std"] for _, r in whole], [r["mean"] + r["std"] for _, r in whole],
+                            color="0.8", label="all: mean ± std")
+            ax.plot(xs, [r["min"] for _, r in whole], ":", color="0.3", label="all: min, max")
+            ax.plot(xs, [r["max"] for _, r in whole], ":", color="0.3")
+            ax.plot(xs, mean, "o-", color="k", ms=3, lw=2, label=f"all: mean (n={whole[-1][1]['count']})")
+        ax.set_xlabel("epoch (0: at initialisation)")
+        ax.set_ylabel("value")
+        ax.set_title(kind + (f" ({bad} epochs non-finite)" if bad else ""))
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return _save(fig, path)
