@@ -1,7 +1,7 @@
 """``fixup lab ...``: argument parsing and printing for the laboratory; the work is in the lab modules.
 
 Subcommands: ``theory``, ``scalar``, ``update``, ``probe MODEL``, ``stream MODEL``, ``coupling MODEL``,
-``signal MODEL``. Each prints a
+``signal MODEL``, ``scalars RUN``. Each prints a
 table, writes its records with ``--json PATH`` and a figure with ``--plot PATH``.
 """
 
@@ -250,6 +250,23 @@ def _coupling(args: argparse.Namespace) -> int:
     return _finish(args, records, lambda p: plots.plot_coupling(records, p))
 
 
+def _scalars(args: argparse.Namespace) -> int:
+    from ..train.scalars import ALL, read_scalars
+    from . import plots
+
+    epochs = read_scalars(args.run)
+    rows = [{"epoch": e["epoch"], "step": e["step"], **r} for e in epochs for r in e["scalars"]
+            if args.stages or r["stage"] == ALL]
+    if not rows:
+        print(f"{args.run}: {len(epochs)} epochs recorded, no scalars (the model has no Fixup scalar and no gate)")
+        return _finish(args, {"run": str(args.run), "scalars": epochs})
+    print(f"{args.run}: the method's scalars per epoch (0: at initialisation), "
+          + ("per kind and stage" if args.stages else "per kind over the whole model (--stages: per stage)"))
+    print(table(rows, ["epoch", "step", "kind", "stage", "count", "mean", "std", "min", "max", "mean_abs"]))
+    return _finish(args, {"run": str(args.run), "scalars": epochs},
+                   lambda p: plots.plot_scalars(epochs, p, title=str(args.run)))
+
+
 def _check_m(m: int) -> None:
     if m < 2:
         raise ValueError(f"--m must be >= 2 weight layers per branch (the Fixup factor L^(-1/(2m-2)) needs m > 1), "
@@ -358,6 +375,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--blocks", action="store_true", help="one row per residual block instead of per stage")
     _common(p)
     p.set_defaults(func=_signal)
+
+    p = labsub.add_parser("scalars", help="a run's scalars over training: Fixup's multipliers and biases, the gates "
+                                          "of SkipInit and ReZero, per epoch")
+    p.add_argument("run", help="a run folder (fixup train --out-dir; a study or compare cell's folder), its "
+                               "scalars.jsonl or its result.json")
+    p.add_argument("--stages", action="store_true", help="one row per stage, not only each kind over the model")
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON to this file")
+    p.add_argument("--plot", metavar="PATH", help="also write a figure to this file (PNG; needs matplotlib)")
+    p.set_defaults(func=_scalars)
 
     p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
     _model_args(p, methods=True)

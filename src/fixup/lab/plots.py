@@ -174,6 +174,7 @@ def plot_scalars(epochs: Sequence[dict[str, Any]], path: str | Path, title: str 
             ax.plot(xs, [r["min"] for _, r in whole], ":", color="0.3", label="all: min, max")
             ax.plot(xs, [r["max"] for _, r in whole], ":", color="0.3")
             ax.plot(xs, mean, "o-", color="k", ms=3, lw=2, label=f"all: mean (n={whole[-1][1]['count']})")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("epoch (0: at initialisation)")
         ax.set_ylabel("value")
         ax.set_title(kind + (f" ({bad} epochs non-finite)" if bad else ""))

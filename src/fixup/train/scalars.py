@@ -92,12 +92,14 @@ def scalar_stats(model: nn.Module) -> list[dict[str, Any]]:
 def read_scalars(path: str | Path) -> list[dict[str, Any]]:
     """The per-epoch scalar records of a run: ``[{"epoch": 0, "step": 0, "scalars": [...]}, ...]``.
 
-    ``path`` is a run folder (its ``scalars.jsonl``, else its ``result.json``), a ``scalars.jsonl``, or a JSON file
-    holding them under ``"scalars"`` (``result.json``, or ``--json`` output of ``fixup lab scalars``).
+    ``path`` is a run folder (its ``scalars.jsonl``, else its ``result.json``), a study cell's folder (its
+    ``work/scalars.jsonl``), a ``scalars.jsonl``, or a JSON file holding them under ``"scalars"`` (``result.json``,
+    or the ``--json`` output of ``fixup lab scalars``).
     """
     path = Path(path)
     if path.is_dir():
-        found = [p for p in (path / "scalars.jsonl", path / "result.json") if p.is_file()]
+        found = [p for p in (path / "scalars.jsonl", path / "result.json", path / "work" / "scalars.jsonl")
+                 if p.is_file()]
         if not found:
             raise FileNotFoundError(f"{path} holds neither scalars.jsonl nor result.json; give the run folder of "
                                     "`fixup train --out-dir` (or a study cell's work/ folder)")
