@@ -23,7 +23,8 @@ __all__ = ["main"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
 _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
-                              "fixup.perf.bench", "fixup.lab.cli", "fixup.perf.bench_deep")
+                              "fixup.studies.compare_cli", "fixup.perf.bench", "fixup.lab.cli",
+                              "fixup.perf.bench_deep")
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:

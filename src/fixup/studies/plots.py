@@ -16,7 +16,7 @@ from typing import Any
 from .._plotting import pyplot
 from .evidence import Cells
 
-__all__ = ["plot_bars", "plot_curves", "plot_depth", "plot_loglog"]
+__all__ = ["plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_loglog"]
 
 _MARKERS = {"diverged": "x", "collapsed": "v"}
 
@@ -174,4 +174,45 @@ def plot_bars(groups: Mapping[str, Mapping[str, Mapping[str, Any]]], ylabel: str
     ax.set_ylabel(ylabel + " (mean ± std over seeds)")
     ax.set_title("hatched: some cells failed (k/n named); dashed: none completed", fontsize=9)
     ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
+
+
+def plot_compare(summary: Mapping[str, Any], path: Path) -> Path:
+    """Test accuracy per method (``fixup compare``'s summary): each seed a point, the mean ± std a bar with caps;
+    a run that failed (diverged, collapsed, ...) is a marker at chance, labelled with how it ended."""
+    from .compare import chance
+
+    plt = pyplot()
+    methods = summary["methods"]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(methods) + 2), 4.4))
+    level = 100 * chance(summary["config"]["dataset"])
+    floor = level if level == level else 0.0  # NaN: a data set of unknown class count
+    drawn: dict[str, Any] = {"chance": level, "methods": {}}
+    for i, (method, entry) in enumerate(methods.items()):
+        color = f"C{i % 10}"
+        runs = entry["runs"]
+        offsets = [(j - (len(runs) - 1) / 2) * 0.08 for j in range(len(runs))]
+        done = [(i + o, 100 * r["test_acc"]) for o, r in zip(offsets, runs)
+                if r["outcome"] == "completed" and r["test_acc"] is not None]
+        ax.scatter([x for x, _ in done], [y for _, y in done], color=color, s=22, zorder=3)
+        stat = entry["test_acc"]
+        if stat["mean"] is not None:
+            ax.errorbar([i], [100 * stat["mean"]], yerr=[100 * (stat["std"] or 0.0)], color=color, marker="_", ms=22,
+                        capsize=6, lw=1.5, zorder=2)
+        for o, r in zip(offsets, runs):
+            if r["outcome"] != "completed":
+                ax.scatter([i + o], [floor], marker=_MARKERS.get(r["outcome"], "s"), color=color, s=55, zorder=3)
+                ax.annotate(f"seed {r['seed']}: {r['outcome']}", (i + o, floor), fontsize=6, color=color,
+                            rotation=90, xytext=(0, 6), textcoords="offset points", ha="center")
+        drawn["methods"][method] = {"points": [y for _, y in done], "stat": stat,
+                                    "failed": [{"seed": r["seed"], "outcome": r["outcome"]} for r in runs
+                                               if r["outcome"] != "completed"]}
+    if level == level:
+        ax.axhline(level, color="grey", lw=0.8, ls=":")
+    ax.set_xticks(range(len(methods)), [f"{m}\n{e['text']}" for m, e in methods.items()], fontsize=7)
+    cfg = summary["config"]
+    ax.set_ylabel(f"test accuracy after {cfg['epochs']} epoch(s) (%)")
+    model = cfg["model"] + (f"-{cfg['depth']}" if cfg["depth"] else "")
+    ax.set_title(f"{model} on {cfg['dataset']}: seeds as points, mean ± std; x diverged, v collapsed (at chance)",
+                 fontsize=8)
     return _save(fig, path, drawn)
