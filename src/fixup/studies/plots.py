@@ -191,14 +191,14 @@ def plot_compare(summary: Mapping[str, Any], path: Path) -> Path:
     for i, (method, entry) in enumerate(methods.items()):
         color = f"C{i % 10}"
         runs = entry["runs"]
-        offsets = [(j - (len(runs) - 1) / 2) * 0.08 for j in range(len(runs))]
+        offsets = [-0.1 + (j - (len(runs) - 1) / 2) * 0.06 for j in range(len(runs))]  # the seeds left, the mean right
         done = [(i + o, 100 * r["test_acc"]) for o, r in zip(offsets, runs)
                 if r["outcome"] == "completed" and r["test_acc"] is not None]
         ax.scatter([x for x, _ in done], [y for _, y in done], color=color, s=22, zorder=3)
         stat = entry["test_acc"]
         if stat["mean"] is not None:
-            ax.errorbar([i], [100 * stat["mean"]], yerr=[100 * (stat["std"] or 0.0)], color=color, marker="_", ms=22,
-                        capsize=6, lw=1.5, zorder=2)
+            ax.errorbar([i + 0.15], [100 * stat["mean"]], yerr=[100 * (stat["std"] or 0.0)], color=color, marker="_",
+                        ms=22, capsize=6, lw=1.5, zorder=2)
         for o, r in zip(offsets, runs):
             if r["outcome"] != "completed":
                 ax.scatter([i + o], [floor], marker=_MARKERS.get(r["outcome"], "s"), color=color, s=55, zorder=3)
@@ -213,6 +213,7 @@ def plot_compare(summary: Mapping[str, Any], path: Path) -> Path:
     cfg = summary["config"]
     ax.set_ylabel(f"test accuracy after {cfg['epochs']} epoch(s) (%)")
     model = cfg["model"] + (f"-{cfg['depth']}" if cfg["depth"] else "")
-    ax.set_title(f"{model} on {cfg['dataset']}: seeds as points, mean ± std; x diverged, v collapsed (at chance)",
-                 fontsize=8)
+    ax.set_xlim(-0.6, len(methods) - 0.4)
+    ax.set_title(f"{model} on {cfg['dataset']}: each seed a point, beside it mean ± std\n"
+                 "x diverged, v collapsed (drawn at chance)", fontsize=8)
     return _save(fig, path, drawn)
