@@ -35,7 +35,7 @@ from ..lab.signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_sign
 from ..report import warn_report
 from . import _vocab as V
 from ._graph import AdaptError, analyse
-from ._modules import DeclaredTrunk
+from ._modules import DeclaredTokens, DeclaredTrunk
 from ._record import Recording, record
 from ._report import AdaptReport, NormChange, ResidualRecord
 from ._rewrite import Rewriter
@@ -188,6 +188,7 @@ def adapt(
     trunk_modules = [source.get_submodule(str(n.target)) for n in analysis.trunk]
     source.trunk_layers = DeclaredTrunk([m for m in trunk_modules
                                          if isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() >= 2])
+    source.trunk_tokens = DeclaredTokens(analysis.tokens)
     report = fixup_init_(source, generator=generator, mode=mode, **init_options)
     trunk_records = trunk_init_(source, args, trunk)
     blocks = residual_blocks(source)  # none when the root itself computes every residual sum

@@ -64,6 +64,7 @@ class Analysis:
     problems: list[Problem]
     notes: list[str]
     trunk: list[fx.Node] = field(default_factory=list)  # weight layers carrying the stream outside the branches
+    tokens: list[str] = field(default_factory=list)      # learned tokens concatenated into the stream (parameters)
 
 
 class _Ancestry:
@@ -272,6 +273,28 @@ class _Analyser:
                 out.append(n)
         return out
 
+    def tokens(self, residuals: list[Residual]) -> list[str]:
+        """Parameters concatenated into the stream as positions of their own (a ViT's class token, register
+        tokens), outside every branch: at initialisation such a position carries only the parameter."""
+        inside = set().union(*(r.data for r in residuals)) if residuals else set()
+        found: list[str] = []
+        for n in self.anc.nodes:
+            if n in inside or T._name(n) not in ("cat", "concat", "concatenate"):
+                continue
+            for operand in T.data_inputs(n):
+                if self._from_input(operand):
+                    continue
+                stack, seen = [operand], set()
+                while stack:
+                    a = stack.pop()
+                    if a in seen:
+                        continue
+                    seen.add(a)
+                    if a.op == "get_attr" and a.meta.get("param") and str(a.target) not in found:
+                        found.append(str(a.target))
+                    stack.extend(T.data_inputs(a))
+        return found
+
     def _feeds_only_gates(self, node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
         """Every use of ``node``'s output ends in a sigmoid gate (squeeze-excite's layers), through other layers
         that feed only gates, before it reaches the output or another weight layer's data."""
@@ -346,7 +369,8 @@ def analyse(graph: fx.Graph, modules: dict[str, nn.Module]) -> Analysis:
     residuals = [r for i, r in enumerate(found) if i not in bad]
     output = next(n for n in graph.nodes if n.op == "output")
     classifier = an.classifier(residuals, output)
-    return Analysis(residuals, classifier, an.problems, an.notes, an.trunk(residuals, classifier))
+    return Analysis(residuals, classifier, an.problems, an.notes, an.trunk(residuals, classifier),
+                    an.tokens(residuals))
 
 
 def _check_branch_ops(an: _Analyser, graph: fx.Graph, modules: dict[str, nn.Module], r: Residual) -> bool:

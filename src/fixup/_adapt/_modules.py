@@ -155,3 +155,13 @@ class DeclaredClassifier:
 
 class DeclaredTrunk(DeclaredClassifier):
     """``model.trunk_layers()`` of an adapted model: the weight layers carrying the stream outside the branches."""
+
+
+class DeclaredTokens:
+    """``model.trunk_tokens()`` of an adapted model: learned tokens concatenated into the stream, by name."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+
+    def __call__(self) -> list[str]:
+        return list(self.names)

@@ -20,6 +20,12 @@ Rules (:data:`TRUNK_RULES`):
 * ``"none"``: the draws of :func:`fixup.fixup_init_` (projection shortcuts from ``mode``, other layers
   from ``stem_mode``).
 
+Learned tokens concatenated into the stream as positions of their own (a ViT's class token: timm draws it
+with std 1e-6, and the position embedding adds 0.02) are declared as ``model.trunk_tokens()``: at
+initialisation their positions carry only the parameter, and once the final norm is gone the classifier
+reads the class token at that scale. Under ``"lsuv"`` each is rescaled to unit RMS, the scale of every
+other position after the trunk layers (a token that is exactly zero is drawn from N(0, 1)).
+
 docs/adapt.md ("The trunk") has the measurements that chose the default.
 """
 
@@ -125,6 +131,18 @@ def trunk_init_(model: nn.Module, example_input: Tensor | Sequence[Tensor], rule
         for m, mode in modes.items():
             m.train(mode)
     out = [records[k] for k in order]
+    tokens = getattr(model, "trunk_tokens", None)
+    for name in (tokens() if callable(tokens) else []):
+        param = model.get_parameter(name)
+        before = float(param.detach().float().pow(2).mean().sqrt())
+        if rule == "lsuv":
+            if before > 0 and math.isfinite(before):
+                param.div_(before)
+            else:
+                param.normal_(0.0, 1.0)
+        after = float(param.detach().float().pow(2).mean().sqrt())
+        out.append(TrunkRecord(name, "token", rule, before, after, float(param.float().std()) if param.numel() > 1
+                               else after))
     for layer in layers:
         if id(layer) not in records:
             out.append(TrunkRecord(names.get(id(layer), "?"), type(layer).__name__, rule, math.nan, math.nan,
