@@ -3,6 +3,7 @@ accuracy of real timm classes, adapted (no normalisation) beside the same model 
 
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only accounting   # the first table (about a minute)
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --jobs 2   # the training table (see below)
+    PYTHONPATH=src python benchmarks/adapt_zoo.py --only signal   # the stream at initialisation, per trunk rule
     PYTHONPATH=src python benchmarks/adapt_zoo.py --only training --models regnetx_002 efficientnet_b0 \
         --adapt-option trunk=none --seeds 0 1     # the same loop under another option of fixup.adapt
 
@@ -269,9 +270,38 @@ def training_table(results: list[dict[str, object]], models: list[str], forms: l
     return rows, "\n".join(lines)
 
 
+def signal_table(models: list[str], rules: list[str], vit_depth: int) -> tuple[list[dict[str, object]], str]:
+    """The stream's RMS at each stage's output over the input's, at initialisation: each model as built
+    (normalised, train mode) beside its adapted copy under each trunk rule; one batch of 8 N(0, 1) images."""
+    from fixup.lab.signal import compare_signal
+
+    rows = []
+    lines = ["| model | normalised | " + " | ".join(f"trunk `{r}`" for r in rules) + " |",
+             "|---|---|" + "---|" * len(rules)]
+    for name in models:
+        torch.manual_seed(0)
+        model = build(Cell(name, "normalised", 0, vit_depth=vit_depth))
+        x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        forms: dict[str, object] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for rule in rules:
+                got = compare_signal(model, x, trunk=rule, generator=torch.Generator().manual_seed(0))
+                forms.setdefault("normalised", got["normalised"])
+                forms[rule] = got["adapted"]
+        ratios = {k: [float(f"{r.ratio:.3g}") for r in v.stages] for k, v in forms.items()}
+        rows.append({"model": name, **ratios})
+        lines.append(f"| {name} | " + " | ".join(" ".join(f"{r:.2g}" for r in ratios[k])
+                                                  for k in ["normalised", *rules]) + " |")
+        print(lines[-1], flush=True)
+    return rows, "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=("accounting", "training"), default=None)
+    p.add_argument("--only", choices=("accounting", "training", "signal"), default=None)
+    p.add_argument("--trunk-rules", nargs="+", default=["none", "fan_in", "lsuv"],
+                   help="signal: the trunk rules of fixup.adapt to compare")
     p.add_argument("--models", nargs="+", default=list(TIMM),
                    help=f"models to train: of {list(TIMM)} (timm), {OURS!r}, or names of tests/adapt_zoo.py's ZOO")
     p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
@@ -314,6 +344,9 @@ def main() -> None:
         for r in rows:
             print(f"| {r['model']} | {r['source']} | {r['result']} | {r.get('L', '')} | {r.get('m', '')} | "
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
+    if args.only in (None, "signal"):
+        rows, table = signal_table([m for m in args.models if m in TIMM], args.trunk_rules, args.vit_depth)
+        out["signal"] = {"rows": rows, "markdown": table}
     if args.only in (None, "training"):
         cells = [Cell(m, f, s, args.steps, args.lr, args.scalar_lr_mult, args.clip, args.clip_value, options,
                       args.vit_depth, args.resnet18_width, args.threads)
