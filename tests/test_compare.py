@@ -28,7 +28,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 def test_compare_table_equals_the_runs_results_and_reruns_resume(tmp_path, capsys) -> None:
     out = tmp_path / "cmp"
-    assert cli_main([*TINY, "--out", str(out)]) == 0
+    assert cli_main([*TINY, "--out", str(out), "--json", str(tmp_path / "figures.json")]) == 0
     printed = capsys.readouterr().out
     table = (out / "compare.md").read_text()
     assert table in printed
@@ -48,6 +48,7 @@ def test_compare_table_equals_the_runs_results_and_reruns_resume(tmp_path, capsy
         mean, std = statistics.mean(accs), statistics.stdev(accs)
         assert cells[2] == f"{mean:.1f} ± {std:.1f}% (n=2)"
     summary = json.loads((out / "compare.json").read_text())
+    assert json.loads((tmp_path / "figures.json").read_text()) == summary
     assert summary["methods"]["skipinit"]["runs"][0]["scalars"][0]["kind"] == "gate"  # each run's final scalars
     assert {r["kind"] for r in summary["methods"]["fixup"]["runs"][0]["scalars"]} == {"scale", "bias", "stream_bias"}
     drawn = json.loads((out / "compare.data.json").read_text())  # what the plot drew: the same accuracies

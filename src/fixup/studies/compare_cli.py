@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="runs in parallel processes, one torch thread each (0: one per CPU core, at most the "
                         "number of runs; 1 on a GPU)")
     p.add_argument("--out", default=None, help="output folder (default None: runs/compare-MODEL); rerun to resume")
+    p.add_argument("--json", metavar="PATH", help="also write the figures (compare.json's content) to this file")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figure (no matplotlib needed)")
     p.set_defaults(func=_compare)
 
@@ -77,6 +78,11 @@ def _compare(args: argparse.Namespace) -> int:
     print(result.table)
     print(f"{len(result.ran)} runs trained, {len(result.resumed)} found finished, in {format_seconds(result.seconds)}")
     print(f"report: {result.report}\nresults: {result.results}" + (f"\nplot: {result.plot}" if result.plot else ""))
+    if args.json:
+        from .._io import write_json
+
+        write_json(args.json, result.summary)
+        print(f"wrote {args.json}")
     if result.failed:
         print(f"{len(result.failed)} run(s) failed (tracebacks in their cell_error.json); rerun to retry them:",
               file=sys.stderr)
