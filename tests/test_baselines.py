@@ -29,7 +29,7 @@ def _branch_convs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
 def test_combinations_that_make_no_sense_are_refused_with_the_list(norm: str, init: str) -> None:
     with pytest.raises(ValueError, match=r"does not combine.*norm='fixup' with init in .*'fixup_no_scale'.*"
                                          r"norm='none' with init in \('he', 'xavier', 'lsuv', 'sqrt2', 'skipinit', "
-                                         r"'rezero'\)"):
+                                         r"'rezero', 'nf_resnet', 'nf_resnet_skipinit', 't_fixup'\)"):
         fixup.create_model("resnet20", norm=norm, init=init)
 
 

@@ -11,6 +11,8 @@ from torch import nn
 
 import fixup
 from fixup.branch import find_branches
+from fixup.init.nf_resnet import NFReport
+from fixup.init.t_fixup import TFixupReport
 from fixup.nn import Gate
 from fixup.report import FixupReport, GateReport, LayerRecord, describe_norm
 
@@ -80,6 +82,12 @@ def _check_stats(model: nn.Module) -> int:
         records += list(report.classifier)
         for b in report.branches:
             records += [*b.scaled, b.zeroed, *([b.shortcut] if b.shortcut else [])]
+    if isinstance(report, NFReport):  # the raw weights of the standardised layers
+        records += list(report.classifier)
+        for block in report.blocks:
+            records += [*block.layers, *([block.shortcut] if block.shortcut else [])]
+    if isinstance(report, TFixupReport):
+        records += [*report.classifier, *report.scaled, *report.embeddings]
     for rec in records:
         w = _weight(model, rec)
         assert list(w.shape) == rec.shape, rec

@@ -64,7 +64,8 @@ def test_plain_path_is_the_reference_too():
     assert not any(getattr(m, "lean", False) for m in model.modules())
 
 
-_NO_NORM = [(m.norm, m.init) for m in METHODS.values() if m.norm in ("fixup", "none") and m.init != "lsuv"]
+_NO_NORM = [(m.norm, m.init) for m in METHODS.values()
+            if m.norm in ("fixup", "none") and m.init != "lsuv" and m.family != "transformer"]
 
 
 @pytest.mark.parametrize(("norm", "init"), _NO_NORM)

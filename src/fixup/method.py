@@ -27,10 +27,15 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
 - ``norm="none"`` with a gate: ``skipinit`` (De & Smith 2020) and ``rezero`` (Bachlechner et al. 2020), each
   residual branch times a learnable scalar that starts at 0 (docs/methods.md says what each does and where we
   deviate from its paper).
+- ``norm="none"``, the signal-propagation schemes: ``nf_resnet`` (Brock, De & Smith 2021: scaled weight
+  standardisation and ``h + alpha * F(h / beta)`` blocks, for the ResNets; ``nf_resnet_skipinit`` adds the zero
+  gain of the authors' released models) and ``t_fixup`` (Huang et al. 2020: the Transformer without LayerNorm
+  or warm-up, its value, output and MLP weights and embeddings scaled by depth).
 
 Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
-(``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``). To add a method, add a row here and, if no
-initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method, generator=...)``.
+(``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``, ``nf_resnet``, ``t_fixup``). To add a method, add a
+row here and, if no initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method,
+generator=...)``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_INIT", "FAN_MODES", "INITIALISERS", "METHODS", "STREAM_BIAS", "Method", "as_method",
+__all__ = ["DEFAULT_INIT", "FAMILIES", "FAN_MODES", "INITIALISERS", "METHODS", "STREAM_BIAS", "Method", "as_method",
            "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
@@ -51,7 +56,13 @@ STREAM_BIAS = ("budget", "paper", "none")
 # He's two fan conventions: fan_in keeps the forward signal's scale, fan_out the backward one's.
 FAN_MODES = ("fan_in", "fan_out")
 # The modules of fixup.init, one per method family; a Method names the one that initialises it.
-INITIALISERS = ("fixup", "baselines", "lsuv", "skipinit", "rezero")
+INITIALISERS = ("fixup", "baselines", "lsuv", "skipinit", "rezero", "nf_resnet", "t_fixup")
+# The model families a method applies to: "any" residual network the library builds, the convolutional
+# ResNets only (CIFAR, Wide and ImageNet ResNets), or the encoder-decoder Transformer only.
+FAMILIES = ("any", "resnet", "transformer")
+# The gradient clipping of a method's own recipe: "" (none prescribed; the engine's default applies) or "agc"
+# (adaptive gradient clipping, fixup.adaptive_clip_grad_; `fixup train --clip agc`).
+RECIPE_CLIPS = ("", "agc")
 
 
 @dataclass(frozen=True)
@@ -75,11 +86,21 @@ class Method:
     zero_init_last_norm: bool = False  # each block's last norm gain 0 (Goyal et al. 2017; batchnorm/groupnorm)
     gate: bool = False  # each residual branch ends in a learnable scalar gate that starts at 0 (skipinit, rezero)
     initialiser: str = "baselines"  # the module of fixup.init that initialises a model for it (INITIALISERS)
+    nf: bool = False  # NF-ResNet blocks: weight-standardised convolutions, h + alpha * F(h / beta) (nf_resnet)
+    family: str = "any"  # the model families it applies to (FAMILIES); others refuse it with a ValueError
+    clip: str = ""  # the gradient clipping its recipe uses (RECIPE_CLIPS); "" = none prescribed
+    warmup: bool = True  # whether its recipe may warm the learning rate up (T-Fixup's does not: False)
 
     def __post_init__(self) -> None:
         if self.initialiser not in INITIALISERS:
             raise ValueError(f"initialiser must be one of {INITIALISERS} (a module of fixup.init), got "
                              f"{self.initialiser!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.clip not in RECIPE_CLIPS:
+            raise ValueError(f"clip must be one of {RECIPE_CLIPS}, got {self.clip!r}")
+        if self.nf and self.norm != "none":
+            raise ValueError(f"an NF-ResNet method has no normalisation (norm='none'), got norm={self.norm!r}")
         if self.gate and self.norm != "none":
             raise ValueError(f"a gated method has no normalisation (norm='none'), got norm={self.norm!r}")
         if self.stream_bias not in STREAM_BIAS:
@@ -152,9 +173,19 @@ _ALL: tuple[Method, ...] = (
            "starts at 0, no depth scaling", stem_mode="fan_in", gate=True, initialiser="skipinit"),
     Method("none", "rezero", "ReZero (Bachlechner et al. 2020): x + alpha * F(x) with alpha = 0 per branch, "
            "normalisation removed", stem_mode="fan_in", gate=True, initialiser="rezero"),
+    # Brock, De & Smith (ICLR 2021); adaptive gradient clipping is from their follow-up (Brock et al. 2021b),
+    # which trains NF-ResNets with it (docs/methods.md).
+    Method("none", "nf_resnet", "NF-ResNet (Brock et al. 2021): scaled weight standardisation, blocks h + alpha * "
+           "F(h / beta) with beta the analytic std of h, alpha 0.2, no normalisation; AGC in its recipe",
+           initialiser="nf_resnet", nf=True, family="resnet", clip="agc"),
+    Method("none", "nf_resnet_skipinit", "NF-ResNet with the authors' released models' zero-initialised scalar gain "
+           "at the end of each branch", initialiser="nf_resnet", nf=True, gate=True, family="resnet", clip="agc"),
+    Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
+           "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
+           initialiser="t_fixup", family="transformer", warmup=False),
 )
 # Every method by name: "fixup" and its variants, "he" (alias "none"), "xavier", "lsuv", "sqrt2",
-# "batchnorm", "groupnorm", "layernorm", "skipinit", "rezero".
+# "batchnorm", "groupnorm", "layernorm", "skipinit", "rezero", "nf_resnet", "nf_resnet_skipinit", "t_fixup".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}

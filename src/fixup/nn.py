@@ -1,19 +1,29 @@
-"""Scalar parameters of the Fixup parameterisation and of the gated methods, and the checked residual sum.
+"""Scalar parameters of the Fixup parameterisation and of the gated methods, the layers of NF-ResNets, and the
+checked residual sum.
 
 Fixup's rule 3 (Zhang, Dauphin & Ma, ICLR 2019, section 3) adds to every residual branch one
 scalar multiplier, initially 1, and scalar biases, initially 0, before each convolution, linear
 layer and element-wise activation. These are single numbers shared by the whole tensor, not
 per-channel parameters as in a normalisation layer's affine transform. SkipInit (De & Smith 2020)
 and ReZero (Bachlechner et al. 2020) multiply each branch by a :class:`Gate`: the same scalar
-multiplier, starting at 0.
+multiplier, starting at 0. NF-ResNets (Brock, De & Smith, ICLR 2021) replace normalisation by
+:class:`ScaledStdConv2d` and :class:`ScaledReLU`.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Bias", "Gate", "Scale", "check_residual_shapes", "residual_add"]
+__all__ = ["RELU_GAMMA", "Bias", "Gate", "Scale", "ScaledReLU", "ScaledStdConv2d", "check_residual_shapes",
+           "residual_add"]
+
+# Brock, De & Smith (2021), section 4: the gain that gives ReLU's output unit variance on a unit Gaussian input,
+# 1 / sqrt(Var(relu(z))) = 1 / sqrt((1 - 1/pi) / 2).
+RELU_GAMMA = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
 
 
 class Bias(nn.Module):
@@ -80,3 +90,42 @@ def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block"
     """
     check_residual_shapes(shortcut, branch, block)
     return shortcut + branch
+
+
+class ScaledReLU(nn.Module):
+    """``gamma * relu(x)`` with ``gamma`` = :data:`RELU_GAMMA`: a unit Gaussian input gives a unit-variance output
+    (Brock, De & Smith 2021, section 4)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x) * RELU_GAMMA
+
+
+class ScaledStdConv2d(nn.Conv2d):
+    """A convolution with scaled weight standardisation (Brock, De & Smith 2021, section 4, eq. 4).
+
+    The weight used is ``gain * (W - mean) / (std * sqrt(N))``, with the mean and the (biased) std of each output
+    unit's row of ``N`` = fan-in weights and ``gain`` a learnable per-output-channel affine gain that starts at 1.
+    Every row then has zero mean and unit norm, so a unit-variance input with independent entries gives a
+    unit-variance output whatever the raw weights' scale. ``eps`` floors ``N * var`` (a row of equal weights).
+    """
+
+    def __init__(self, *args, eps: float = 1e-4, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1))
+        self.eps = eps
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if hasattr(self, "gain"):
+            with torch.no_grad():
+                self.gain.fill_(1.0)
+
+    def standardized_weight(self) -> Tensor:
+        """The weight the convolution applies: each row standardised, scaled by 1/sqrt(fan-in) and the gain."""
+        w = self.weight
+        fan_in = w[0].numel()  # in_channels / groups x kernel size
+        var, mean = torch.var_mean(w, dim=tuple(range(1, w.ndim)), correction=0, keepdim=True)
+        return self.gain * (w - mean) * torch.rsqrt(torch.clamp(var * fan_in, min=self.eps))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.standardized_weight(), self.bias)

@@ -6,6 +6,8 @@ Each row of :data:`fixup.METHODS` names its initialiser (``Method.initialiser``)
 - :mod:`~fixup.init.baselines`: He, Xavier, the 1/sqrt(2) rescaling, the normalised networks;
 - :mod:`~fixup.init.lsuv`: LSUV, finished on the first batch by :func:`data_init_`;
 - :mod:`~fixup.init.skipinit`, :mod:`~fixup.init.rezero`: a gate at 0 on every branch;
+- :mod:`~fixup.init.nf_resnet`: NF-ResNets' weight-standardised blocks ``h + alpha * F(h / beta)``;
+- :mod:`~fixup.init.t_fixup`: T-Fixup's scaling of the Transformer without LayerNorm;
 - :mod:`~fixup.init.fans`: the per-group fans and standard draws they all start from.
 
 A model's constructor ends with ``self.init_report = initialise_(self, method, generator=generator)``;
@@ -23,7 +25,7 @@ from torch import nn
 
 from ..method import Method, as_method
 from ..report import InitReport, warn_report
-from . import baselines, fixup, lsuv, rezero, skipinit
+from . import baselines, fixup, lsuv, nf_resnet, rezero, skipinit, t_fixup
 from ._layers import check_output_scale
 from .baselines import describe_init, he_init_, xavier_init_, zero_last_norm_gains_
 from .fans import BASE_INITS, FAN_MODES, base_std, fans, groups_of, he_std, orthonormal_, xavier_std
@@ -61,6 +63,8 @@ INITIALISERS: dict[str, Initialiser] = {
     "lsuv": lsuv.initialise_,
     "skipinit": skipinit.initialise_,
     "rezero": rezero.initialise_,
+    "nf_resnet": nf_resnet.initialise_,
+    "t_fixup": t_fixup.initialise_,
 }
 
 

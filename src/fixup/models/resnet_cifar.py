@@ -2,6 +2,8 @@
 
 Three stages of n blocks with 16, 32 and 64 channels; the paper's CIFAR models (Fixup, section 4.1) use
 shortcut option A: strided subsampling plus zero channels, parameter-free. Option B is a 1x1 projection.
+For ``nf_resnet`` the blocks are :class:`fixup.models.nf_blocks.NFBasicBlock` (pre-activation, weight-standardised,
+option B), the stem a weight-standardised convolution without activation, and the head activates before pooling.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from torch import Tensor, nn
 from ..branch import Branch
 from ..init import initialise_
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, check_residual_shapes, residual_add
+from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, check_residual_shapes, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
+from .nf_blocks import NFBasicBlock, assign_betas
 
 __all__ = ["BasicBlock", "CifarResNet", "check_cifar_depth"]
 
@@ -173,6 +176,17 @@ def check_cifar_depth(depth: int) -> int:
     return (depth - 2) // 6
 
 
+def _check_shortcut(shortcut: str | None, method: Method) -> str:
+    """The shortcut option: "A" by default, "B" (a 1x1 projection) for NF-ResNets, whose transition blocks project
+    their normalised input (Brock et al. 2021, section 4)."""
+    if shortcut is None:
+        return "B" if method.nf else "A"
+    if method.nf and shortcut != "B":
+        raise ValueError(f"{method.name}'s transition blocks project their normalised input (a 1x1 convolution), so "
+                         f"shortcut={shortcut!r} has no NF form; use shortcut='B' (the default for {method.name})")
+    return shortcut
+
+
 def _nearest(depth: object, step: int, offset: int, minimum: int) -> str:
     try:
         d = int(depth)  # type: ignore[call-overload]
@@ -186,24 +200,32 @@ class CifarResNet(StemHeadFolding, nn.Module):
     """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
 
     def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
-                 shortcut: str = "A", method: Method | str = "fixup", generator: torch.Generator | None = None) -> None:
+                 shortcut: str | None = None, method: Method | str = "fixup",
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         n = check_cifar_depth(depth)
         self.method = method = check_method(method, _NORMS, "the CIFAR ResNet")
         self.depth, self.norm = depth, method.norm
-        norm = method.norm
+        norm, nf = method.norm, method.nf
+        shortcut = _check_shortcut(shortcut, method)
         fixup_biases = method.fixup and method.biases
-        self.conv1 = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
+        self.conv1 = (ScaledStdConv2d if nf else nn.Conv2d)(in_channels, width, 3, 1, 1, bias=False)
         self.norm1 = make_norm(norm, width)
         self.bias1 = scalar(Bias, fixup_biases)
-        self.relu = nn.ReLU(inplace=True)
+        # NF-ResNets are pre-activation networks: the stem ends at its convolution, the head activates.
+        self.relu = nn.Identity() if nf else nn.ReLU(inplace=True)
         stages, in_ch = [], width
         for i, out_ch in enumerate((width, 2 * width, 4 * width)):
-            blocks = [BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method, shortcut)
+            blocks = [NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method) if nf
+                      else BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method,
+                                      shortcut)
                       for j in range(n)]
             stages.append(nn.Sequential(*blocks))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
+        if nf:
+            assign_betas([block for stage in stages for block in stage])
+        self.head_act = ScaledReLU() if nf else nn.Identity()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias2 = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)
@@ -218,7 +240,7 @@ class CifarResNet(StemHeadFolding, nn.Module):
         return self.layer3(self.layer2(self.layer1(x)))
 
     def forward(self, x: Tensor) -> Tensor:
-        x = torch.flatten(self.pool(self.forward_features(x)), 1)
+        x = torch.flatten(self.pool(self.head_act(self.forward_features(x))), 1)
         return self.fc(self.bias2(x))
 
 

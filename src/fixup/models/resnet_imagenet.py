@@ -20,6 +20,10 @@ Basic blocks (m = 2, factor L^-1/2) are :class:`fixup.models.resnet_cifar.BasicB
 projection shortcut ("B"), which is torchvision's BasicBlock. The stem is ``relu(conv1(x) + b)``, the
 head ``fc(pool(x) + b)``. Without normalisation the Fixup ResNet-50 has 25,503,912 weights plus 114
 scalars (16 blocks x 7 + 2): 53,120 fewer parameters than with BatchNorm (its gains and shifts).
+
+**NF form** (``nf_resnet``, Brock et al. 2021): the blocks of :mod:`fixup.models.nf_blocks` (pre-activation,
+weight-standardised), the stem a weight-standardised convolution and max pooling, the head activating before
+pooling, as the authors' NF-ResNets.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from torch import Tensor, nn
 from ..branch import Branch
 from ..init import initialise_
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, residual_add
+from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
+from .nf_blocks import NFBasicBlock, NFBottleneck, assign_betas
 from .resnet_cifar import BasicBlock
 
 __all__ = ["LAYERS", "Bottleneck", "ImageNetResNet"]
@@ -189,12 +194,13 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
             raise ValueError(f"layers must be four positive block counts, one per stage, got {layers!r}")
         self.method = method = check_method(method, _NORMS, "the ImageNet ResNet")
         self.block, self.layers, self.norm = block, tuple(layers), method.norm
-        norm, fixup_biases = method.norm, method.fixup and method.biases
+        norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
         expansion = Bottleneck.expansion if block == "bottleneck" else 1
-        self.conv1 = nn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
+        self.conv1 = (ScaledStdConv2d if nf else nn.Conv2d)(in_channels, width, 7, 2, 3, bias=False)
         self.norm1 = make_norm(norm, width, norm_groups)
         self.bias1 = scalar(Bias, fixup_biases)
-        self.relu = nn.ReLU(inplace=True)
+        # NF-ResNets are pre-activation networks: the stem ends at its convolution (and pooling), the head activates.
+        self.relu = nn.Identity() if nf else nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, in_ch = [], width
         for i, n in enumerate(layers):
@@ -203,12 +209,17 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
             for j in range(n):
                 s = stride if j == 0 else 1
                 if block == "bottleneck":
-                    blocks.append(Bottleneck(in_ch, planes, s, method, norm_groups=norm_groups))
+                    blocks.append(NFBottleneck(in_ch, planes, s, method) if nf
+                                  else Bottleneck(in_ch, planes, s, method, norm_groups=norm_groups))
                 else:
-                    blocks.append(BasicBlock(in_ch, planes, s, method, "B", norm_groups=norm_groups))
+                    blocks.append(NFBasicBlock(in_ch, planes, s, method) if nf
+                                  else BasicBlock(in_ch, planes, s, method, "B", norm_groups=norm_groups))
                 in_ch = planes * expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        if nf:
+            assign_betas([b for stage in stages for b in stage])
+        self.head_act = ScaledReLU() if nf else nn.Identity()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias2 = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)
@@ -223,7 +234,7 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc(self.bias2(torch.flatten(self.pool(self.forward_features(x)), 1)))
+        return self.fc(self.bias2(torch.flatten(self.pool(self.head_act(self.forward_features(x))), 1)))
 
 
 @register_model

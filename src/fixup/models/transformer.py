@@ -16,7 +16,9 @@ variance as its uniform ones). Embeddings keep fairseq's N(0, d^-1/2) (multiplie
 forward pass) and are left alone by ``fixup_init_``, which lists them in its report.
 
 ``norm="none"`` builds the gated methods (``skipinit``, ``rezero``): no LayerNorm, every branch times its gate
-(0 at the start), Xavier-initialised linear layers with biases, no Fixup scalar.
+(0 at the start), Xavier-initialised linear layers with biases, no Fixup scalar; and ``t_fixup`` (Huang et al.
+2020): no LayerNorm, no gate or scalar, Xavier linear layers with biases, the value, output and MLP weights and the
+embeddings scaled by each stack's depth (:mod:`fixup.init.t_fixup`, through :meth:`Transformer.stacks`).
 
 ``norm="layernorm"`` is the paper's baseline: post-norm (fairseq's default) or, with ``pre_norm=True``,
 pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers with biases.
@@ -104,10 +106,10 @@ class Transformer(nn.Module):
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         method = check_method(cfg.norm if method is None else method, TRANSFORMER_NORMS, "the Transformer")
-        if method.norm == "none" and not method.gate:
+        if method.family == "resnet" or (method.norm == "none" and not method.gate and method.family != "transformer"):
             raise ValueError(f"norm={method.norm!r} is not available for the Transformer with init={method.init!r}; "
-                             "without normalisation it is built for a gated method (skipinit or rezero), or choose "
-                             f"norm among {', '.join(n for n in TRANSFORMER_NORMS if n != 'none')}")
+                             "without normalisation it is built for a gated method (skipinit or rezero) or t_fixup, "
+                             f"or choose norm among {', '.join(n for n in TRANSFORMER_NORMS if n != 'none')}")
         if method.norm != cfg.norm:
             raise ValueError(f"method {method.name!r} has norm={method.norm!r} but the config has norm={cfg.norm!r}; "
                              "build the config with the method's norm")
@@ -130,7 +132,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(d, cfg.tgt_vocab, bias=False)
         name_blocks(self)
         stds = self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
-        if fixup or method.gate:  # the Fixup rule or the gates, from Xavier (init_base)
+        if method.norm != "layernorm":  # the Fixup rule, the gates (from Xavier, init_base) or T-Fixup
             self.init_report = initialise_(self, method, generator=generator)
         else:
             self.init_report = describe_init(self, method.name, "fairseq: Xavier-uniform linear layers, zero "
@@ -161,6 +163,11 @@ class Transformer(nn.Module):
 
     def classifier_layers(self) -> Sequence[nn.Module]:
         return [self.output]
+
+    def stacks(self) -> list[tuple[str, nn.ModuleList, nn.Embedding]]:
+        """The encoder and the decoder, each with its layers and its input embedding (T-Fixup scales each stack by
+        its own depth, :mod:`fixup.init.t_fixup`)."""
+        return [("encoder", self.encoder, self.src_embed), ("decoder", self.decoder, self.tgt_embed)]
 
     @torch.no_grad()
     def fold_(self) -> int:

@@ -26,7 +26,7 @@ from ._common import branch_multiplier
 __all__ = ["TRANSFORMER_NORMS", "AttentionBlock", "Cache", "FeedForwardBlock", "TransformerConfig", "causal_mask",
            "sinusoidal_positions"]
 
-TRANSFORMER_NORMS = ("fixup", "layernorm", "none")  # "none": the gated methods (skipinit, rezero) only
+TRANSFORMER_NORMS = ("fixup", "layernorm", "none")  # "none": the gated methods (skipinit, rezero) and t_fixup
 
 Cache = dict[str, Tensor]
 
@@ -45,7 +45,7 @@ class TransformerConfig:
     dropout: float = 0.3  # on embeddings and branch outputs; the paper picks from 0.3-0.6 (section 5)
     attention_dropout: float = 0.0  # on attention probabilities
     activation_dropout: float = 0.0  # after the feed-forward ReLU
-    norm: str = "fixup"  # "fixup", "layernorm", or "none" (the gated methods: skipinit, rezero)
+    norm: str = "fixup"  # "fixup", "layernorm", or "none" (the gated methods skipinit and rezero, t_fixup)
     pre_norm: bool = False  # LayerNorm before each branch (only with norm="layernorm")
     share_embeddings: bool = False  # one embedding table for source and target (joint vocabulary)
     pad_id: int = 0  # padding token id, the same on both sides

@@ -34,11 +34,12 @@ from torch import Tensor, nn
 from ..branch import Branch
 from ..init import initialise_
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, residual_add
+from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import branch_multiplier, check_method, make_norm, name_blocks, scalar
 from ._registry import register_model
+from .nf_blocks import NFBasicBlock, assign_betas
 
 __all__ = ["WideBlock", "WideResNet", "check_wrn_depth"]
 
@@ -188,20 +189,24 @@ class WideResNet(nn.Module):
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         self.method = method = check_method(method, _NORMS, "the Wide-ResNet")
         self.depth, self.width, self.norm = depth, width, method.norm
-        norm, fixup_biases = method.norm, method.fixup and method.biases
-        self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
+        self.conv1 = (ScaledStdConv2d if nf else nn.Conv2d)(in_channels, 16, 3, 1, 1, bias=False)
         stages, in_ch = [], 16
         for i, out_ch in enumerate((16 * width, 32 * width, 64 * width)):
             stride = 1 if i == 0 else 2
             stages.append(nn.Sequential(*[
-                WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout,
-                          norm_groups=norm_groups)
+                NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout) if nf
+                else WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout,
+                               norm_groups=norm_groups)
                 for j in range(n)]))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
+        if nf:  # NF-ResNet blocks (Brock et al. 2021): each knows the analytic std of its input
+            assign_betas([block for stage in stages for block in stage])
         self.norm_final = make_norm(norm, in_ch, norm_groups)
         self.bias_final = scalar(Bias, fixup_biases)
-        self.relu = nn.ReLU()  # not in place: the last block's output stays as it returned it
+        # Not in place: the last block's output stays as it returned it. NF: the variance-preserving ReLU.
+        self.relu = ScaledReLU() if nf else nn.ReLU()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias_fc = scalar(Bias, fixup_biases)
         self.fc = nn.Linear(in_ch, num_classes)

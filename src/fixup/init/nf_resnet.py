@@ -1,0 +1,173 @@
+"""NF-ResNets (Brock, De & Smith, "Characterizing signal propagation to close the performance gap in unnormalized
+ResNets", ICLR 2021): no normalisation; every convolution weight-standardised with a learnable gain, every ReLU
+scaled by gamma, and each block ``h + alpha * F(h / beta)`` with beta the analytic std of ``h``.
+
+The blocks (:mod:`fixup.models.nf_blocks`) carry the architecture: the standardisation, gamma, alpha and each
+block's beta, set by the model's constructor. This initialiser draws the raw weights, sets every gain to 1 and
+every bias to 0, the zero-started branch gain where the method has one, the classifier as the authors' released
+models do, and reports each block's beta. Adaptive gradient clipping, its recipe, is :func:`fixup.adaptive_clip_grad_`
+(``fixup train --clip agc``). Our deviations from the paper are listed in docs/methods.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..branch import WEIGHT_LAYERS, find_branches, find_classifier
+from ..method import Method
+from ..nn import RELU_GAMMA, Bias, Scale, ScaledStdConv2d
+from ..report import InitReport, LayerRecord, _layers, _some, describe_norm
+from ._layers import check_layer, draw_, record
+from .fans import fans, groups_of, he_std
+
+__all__ = ["CLASSIFIER_STD", "NFBlockRecord", "NFReport", "initialise_"]
+
+CLASSIFIER_STD = 0.01  # the classifier's normal std in the authors' released NF-ResNets (bias 0)
+SUMMARY = ("scaled weight standardisation, blocks h + alpha * F(h / beta) with beta the analytic std of h, "
+           "gamma-scaled ReLUs, no normalisation")
+
+
+@dataclass
+class NFBlockRecord:
+    """One NF block as initialised: its beta (the analytic std of its input) and its weight-standardised layers."""
+
+    name: str
+    kind: str
+    beta: float
+    transition: bool  # its shortcut projects the normalised input: the stream's variance resets to 1 + alpha^2
+    layers: list[LayerRecord]
+    gate: str | None = None  # the zero-started gain's parameter name (nf_resnet_skipinit)
+    shortcut: LayerRecord | None = None
+
+
+@dataclass
+class NFReport(InitReport):
+    """What ``nf_resnet`` did: every block's beta and alpha, the standardised layers, gamma and the gains."""
+
+    method: str = "nf_resnet"
+    blocks: list[NFBlockRecord] = field(default_factory=list)
+    classifier: list[LayerRecord] = field(default_factory=list)
+    alpha: float = 0.2
+    gamma: float = RELU_GAMMA
+    output_std: float = 1.0  # the analytic std of the last block's output
+    num_standardized: int = 0  # weight-standardised convolutions (each with a gain at 1 and a bias at 0)
+    summary: str = SUMMARY
+
+    @classmethod
+    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
+        out = super()._fields_from(data)
+        out["blocks"] = [NFBlockRecord(**{**b, "layers": _layers(b["layers"]), "shortcut": None if b.get("shortcut")
+                                          is None else LayerRecord(**b["shortcut"])})
+                         for b in data.get("blocks", [])]
+        out["classifier"] = _layers(data.get("classifier"))
+        return out
+
+    def format(self, max_branches: int = 12) -> str:
+        """The report as a table; at most ``max_branches`` blocks are listed one by one."""
+        lines = [f"Accounting report: method {self.method}: {self.summary}"]
+        gates = sum(b.gate is not None for b in self.blocks)
+        lines.append(f"L = {self.num_branches} residual branches, each h + alpha * F(h / beta), alpha = {self.alpha:g}"
+                     + (f", times a gain that starts at 0 ({gates} gains)" if gates else ""))
+        betas = [b.beta for b in self.blocks] or [1.0]
+        resets = sum(b.transition for b in self.blocks)
+        lines.append(f"beta per block: from {min(betas):.4g} to {max(betas):.4g} (reset at {resets} transitions); "
+                     f"the output's analytic std {self.output_std:.4g}")
+        lines.append(f"weight-standardised convolutions: {self.num_standardized} (gain 1, bias 0; raw weights drawn "
+                     f"N(0, 1/fan_in)); ReLUs scaled by gamma = {self.gamma:.6g}")
+        lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
+        if self.other_layers:
+            lines.append("other weight layers (He with fan_in): " + _some(self.other_layers, 4))
+        if self.untouched:
+            lines.append("left alone: " + _some(self.untouched, 6))
+        lines.append(f"scalar parameters: {self.num_scalars}")
+        lines.extend(self._format_norms())
+        if self.blocks:
+            lines.append("blocks:")
+            for b in self.blocks[:max_branches]:
+                local = ", ".join(r.name.removeprefix(b.name + ".") for r in b.layers)
+                mark = " (transition)" if b.transition else ""
+                gain = f"; gain {b.gate.removeprefix(b.name + '.')} = 0" if b.gate else ""
+                lines.append(f"  {b.name:<22} {b.kind:<14} beta {b.beta:.4f}{mark}: [{local}]{gain}")
+            if len(self.blocks) > max_branches:
+                lines.append(f"  ... {len(self.blocks) - max_branches} more (to_dict() or --json lists all)")
+        lines.extend(self._format_tail())
+        return "\n".join(lines)
+
+
+def _raw_std(conv: nn.Module) -> float:
+    """The std of a standardised layer's raw weights: 1/sqrt(fan_in), so that each row has about unit norm and
+    the standardised weight is close to the raw one (the gradient's scale is that of an ordinary layer)."""
+    return 1.0 / math.sqrt(fans(conv.weight, groups_of(conv))[0])
+
+
+@torch.no_grad()
+def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator | None = None,
+                base: str | None = None) -> NFReport:
+    """Draw every weight-standardised layer's raw weights N(0, 1/fan_in) (gain 1, bias 0), the classifier
+    N(0, 0.01) (bias 0), any other weight layer He from its fan-in, every branch gain at 0 where the method has
+    one; return the report. ``base`` is unused: standardisation fixes every layer's scale. Raises, before any
+    weight changes, on a model whose blocks are not NF blocks."""
+    names = {id(mod): name for name, mod in model.named_modules()}
+    branches = find_branches(model)
+    if not branches or any(not branch.kind.startswith("nf-") for _, branch in branches):
+        other = sorted({branch.kind for _, branch in branches if not branch.kind.startswith("nf-")})
+        raise ValueError(f"{method.name} is not available for {type(model).__name__}: it needs NF-ResNet blocks "
+                         f"(found {', '.join(other) or 'no residual branch'}); build a CIFAR, Wide or ImageNet "
+                         f"ResNet for it (fixup.create_model('resnet50', method={method.name!r}))")
+    if method.gate and any(branch.gate is None for _, branch in branches):
+        raise ValueError(f"{method.name}: the blocks have no gain; build the model for the method "
+                         f"(fixup.create_model(name, method={method.name!r}))")
+    classifier = find_classifier(model)
+    cls_names = [check_layer(layer, "classifier", names) for layer in classifier]
+    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
+    warnings = [f"normalisation layer {rec.name!r} ({rec.type}) is still present; {method.name} removes it"
+                for rec in norms]
+
+    handled = {id(c) for c in classifier}
+    records: dict[str, LayerRecord] = {}
+    num_standardized = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, ScaledStdConv2d):
+            std = _raw_std(mod)
+            draw_(mod, std, generator)
+            mod.gain.fill_(1.0)
+            records[name] = record(name, mod, std)
+            handled.add(id(mod))
+            num_standardized += 1
+    cls_records = []
+    for layer, lname in zip(classifier, cls_names):
+        draw_(layer, CLASSIFIER_STD, generator)
+        cls_records.append(record(lname, layer, CLASSIFIER_STD))
+    other, untouched, num_scalars = [], [], 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, (Bias, Scale)):
+            mod.reset_parameters()  # a gate starts at 0
+            num_scalars += 1
+        elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
+            std = he_std(mod.weight, "fan_in", groups_of(mod))
+            draw_(mod, std, generator)
+            other.append(record(name, mod, std))
+        elif (id(mod) not in handled and describe_norm(name, mod) is None
+              and any(True for _ in mod.parameters(recurse=False))):
+            untouched.append(f"{name} ({type(mod).__name__})")
+
+    blocks = []
+    for block_name, branch in branches:
+        block = model.get_submodule(block_name.split("[")[0])
+        layers = [records[names[id(layer)]] for layer in branch.layers]
+        short = None if branch.shortcut is None else records[names[id(branch.shortcut)]]
+        gate = None if branch.gate is None else f"{names[id(branch.gate)]}.scale"
+        blocks.append(NFBlockRecord(block_name, branch.kind, float(block.beta), branch.shortcut is not None, layers,
+                                    gate, short))
+    alpha = float(getattr(model.get_submodule(branches[0][0].split("[")[0]), "alpha", 0.2))
+    last = blocks[-1]
+    output_std = math.sqrt((1.0 if last.transition else last.beta**2) + alpha**2)
+    return NFReport(method=method.name, num_branches=len(branches), blocks=blocks, classifier=cls_records,
+                    other_layers=other, untouched=untouched, num_scalars=num_scalars, normalization=norms,
+                    warnings=warnings, alpha=alpha, output_std=output_std, num_standardized=num_standardized,
+                    scheme="scaled weight standardisation", fan_mode="fan_in")
