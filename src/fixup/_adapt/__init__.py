@@ -30,20 +30,25 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
-from ..init import fixup_init_
+from ..init import fixup_init_, initialise_
 from ..lab.signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
+from ..method import as_method
 from ..report import warn_report
 from . import _vocab as V
 from ._graph import AdaptError, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk
 from ._record import Recording, record
-from ._report import AdaptReport, NormChange, ResidualRecord
+from ._report import AdaptReport, GateAdaptReport, NormChange, ResidualRecord
 from ._rewrite import Rewriter
 from ._trunk import TRUNK_RULES, TrunkRecord, trunk_init_
 from ._weights import WeightsLoaded, load_original, untie_
 
-__all__ = ["TRUNK_RULES", "AdaptError", "AdaptReport", "NormChange", "ResidualRecord", "TrunkRecord", "WeightsLoaded",
-           "adapt", "load_original", "trunk_init_"]
+__all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAdaptReport", "NormChange",
+           "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
+
+
+# The methods adapt applies: Fixup, and those whose only structural change is a gate per branch.
+ADAPT_METHODS = ("fixup", "skipinit", "rezero")
 
 
 def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -109,10 +114,15 @@ def adapt(
     generator: torch.Generator | None = None,
     mode: str = "fan_out",
     trunk: str = "lsuv",
+    method: str = "fixup",
     leaf_modules: tuple[type[nn.Module], ...] = (),
     **init_options: Any,
-) -> tuple[nn.Module, AdaptReport]:
+) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
+
+    With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
+    :class:`fixup.Gate` that starts at 0, its weights are drawn by He unscaled and none is zeroed, and no scalar
+    bias is added (see docs/methods.md); the report is a :class:`GateAdaptReport`.
 
     Args:
         model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
@@ -137,6 +147,7 @@ def adapt(
             shortcuts, downsampling layers, blocks without a skip), one of ``TRUNK_RULES``: ``"lsuv"`` (default)
             scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
             He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
+        method: ``"fixup"`` (default) or one of the gated methods of ``fixup.METHODS`` (``ADAPT_METHODS``).
         leaf_modules: module types to record whole (never searched for branches).
 
     The report lists every trunk layer with its rule and measured output RMS (``report.trunk``) and the
@@ -145,6 +156,10 @@ def adapt(
     """
     if trunk not in TRUNK_RULES:
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
+    if method not in ADAPT_METHODS:
+        raise ValueError(f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}; the other rows of "
+                         "fixup.METHODS need architectures the library builds (fixup.create_model)")
+    gated = method != "fixup"
     args = _inputs(example_input)
     name = type(model).__name__
     source = copy.deepcopy(model)
@@ -176,10 +191,10 @@ def adapt(
     declared: dict[str, list[Branch]] = {}
     pairs = []
     for r in analysis.residuals:
-        container, branch = rw.branch(r)
+        container, branch = rw.branch(r, gated=gated)
         declared.setdefault(container, []).append(branch)
         pairs.append((r, branch))
-    classifier = rw.classifier(analysis.classifier)
+    classifier = rw.classifier(analysis.classifier, bias=not gated)
     names = {id(m): n for n, m in source.named_modules()}
     touched = [layer.module if isinstance(layer, WeightSlice) else layer
                for _, b in pairs for layer in [*b.layers, *([b.shortcut] if b.shortcut is not None else [])]]
@@ -189,7 +204,12 @@ def adapt(
     source.trunk_layers = DeclaredTrunk([m for m in trunk_modules
                                          if isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() >= 2])
     source.trunk_tokens = DeclaredTokens(analysis.tokens)
-    report = fixup_init_(source, generator=generator, mode=mode, **init_options)
+    if gated:
+        report = initialise_(source, as_method(method), generator=generator, **init_options)
+        for handle in rw.gated_layer_scales:
+            handle.reset_parameters()
+    else:
+        report = fixup_init_(source, generator=generator, mode=mode, **init_options)
     trunk_records = trunk_init_(source, args, trunk)
     blocks = residual_blocks(source)  # none when the root itself computes every residual sum
     signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
@@ -223,10 +243,11 @@ def adapt(
                             f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
     data = dict(vars(report))
     data["warnings"] = [*data["warnings"], *new_warnings]
-    result = AdaptReport(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
-                         nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
-                         layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
-                         weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
-                         trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages)
+    kind = GateAdaptReport if gated else AdaptReport
+    result = kind(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
+                  nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
+                  layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
+                  weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
+                  trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages)
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
     return source, result

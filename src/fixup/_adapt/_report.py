@@ -1,4 +1,8 @@
-"""The accounting report of an adapted model: ``FixupReport`` plus what the adaptation changed."""
+"""The accounting report of an adapted model: the method's report plus what the adaptation changed.
+
+:class:`AdaptReport` is Fixup's (:class:`fixup.FixupReport`) with the adaptation; :class:`GateAdaptReport` a gated
+method's (:class:`fixup.report.GateReport`: SkipInit, ReZero) with the same adaptation fields.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..lab.signal import SignalRecord
-from ..report import FixupReport
+from ..report import FixupReport, GateReport
 from ._trunk import TrunkRecord
 
-__all__ = ["AdaptReport", "NormChange", "ResidualRecord"]
+__all__ = ["AdaptReport", "GateAdaptReport", "NormChange", "ResidualRecord"]
 
 
 @dataclass
@@ -35,8 +39,8 @@ class ResidualRecord:
 
 
 @dataclass
-class AdaptReport(FixupReport):
-    """``fixup.adapt``'s report: the rule's accounting, the residual sums found and what the adaptation changed."""
+class _Adaptation:
+    """What ``fixup.adapt`` found and changed, beside the method's own accounting (a mixin of the reports below)."""
 
     captured_with: str = "eager recording"
     residuals: list[ResidualRecord] = field(default_factory=list)
@@ -57,7 +61,7 @@ class AdaptReport(FixupReport):
 
     @classmethod
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
-        out = super()._fields_from(data)
+        out = super()._fields_from(data)  # type: ignore[misc]
         out["residuals"] = [ResidualRecord(**r) for r in data.get("residuals", [])]
         out["norms_replaced"] = [NormChange(**n) for n in data.get("norms_replaced", [])]
         out["trunk"] = [TrunkRecord(**t) for t in data.get("trunk", [])]
@@ -65,7 +69,7 @@ class AdaptReport(FixupReport):
         return out
 
     def format(self, max_branches: int = 12) -> str:
-        lines = [super().format(max_branches), f"adaptation (captured by {self.captured_with}):"]
+        lines = [super().format(max_branches), f"adaptation (captured by {self.captured_with}):"]  # type: ignore[misc]
         kinds: dict[str, int] = {}
         for r in self.residuals:
             kinds[r.shortcut] = kinds.get(r.shortcut, 0) + 1
@@ -105,3 +109,13 @@ class AdaptReport(FixupReport):
             lines.append(f"  original weights: {len(self.weights_loaded)} entries loaded, "
                          f"{len(self.weights_dropped)} dropped")
         return "\n".join(lines)
+
+
+@dataclass
+class AdaptReport(_Adaptation, FixupReport):
+    """``fixup.adapt``'s report: the rule's accounting, the residual sums found and what the adaptation changed."""
+
+
+@dataclass
+class GateAdaptReport(_Adaptation, GateReport):
+    """``fixup.adapt(..., method="skipinit" | "rezero")``'s report: each branch's gate, and the adaptation."""

@@ -15,7 +15,7 @@ from typing import Any
 from torch import fx, nn
 
 from ..branch import Branch, WeightSlice
-from ..nn import Bias, Scale
+from ..nn import Bias, Gate, Scale
 from . import _vocab as T
 from ._graph import AdaptError, Analysis, Residual
 from ._modules import (
@@ -54,6 +54,7 @@ class Rewriter:
         self.added: list[str] = []
         self.notes: list[str] = []
         self.layer_scales: list[str] = []
+        self.gated_layer_scales: list[LayerScaleHandle] = []  # gated methods: layer scales kept as weights (set to 1)
         self.fused_qkv: list[str] = []
         weight = next((p for p in model.parameters() if p.is_floating_point()), None)
         self.placement = {} if weight is None else {"device": weight.device, "dtype": weight.dtype}
@@ -217,8 +218,12 @@ class Rewriter:
         outside = {p for m in inside for p in T.data_inputs(m) if p not in inside and p.op != "get_attr"}
         return outside.pop() if len(outside) == 1 else None
 
-    def branch(self, r: Residual) -> tuple[str, Branch]:
-        """Put in the branch's scalars and return the block that declares it and its declaration."""
+    def branch(self, r: Residual, gated: bool = False) -> tuple[str, Branch]:
+        """Put in the branch's scalars and return the block that declares it and its declaration.
+
+        ``gated`` (SkipInit, ReZero): the branch's multiplier is a :class:`fixup.Gate` that starts at 0, and no
+        scalar bias is added before its layers and activations (the norms' own shifts stay as biases); a layer
+        scale the branch already has is kept as a weight, set to 1 by the initialiser."""
         last = r.layers[-1]
         data = r.data | {r.fork}
         biases: list[Bias] = []
@@ -232,13 +237,23 @@ class Rewriter:
                 stream = stream or b  # type: ignore[assignment]
             else:
                 biases.append(b)  # type: ignore[arg-type]
-        for n in sorted(r.data, key=self.order.__getitem__):
+        for n in sorted(r.data, key=self.order.__getitem__) if not gated else ():
             if n in r.layers:
                 biases += self._bias_layer(n, data)
             elif T.is_activation(n, self.modules) and self.order[n] < self.order[last]:
                 biases += self._bias_activation(n)
         scale: Scale
-        if r.layer_scale is not None:
+        if gated:
+            if r.layer_scale is not None:
+                owner_path, _, pname = str(r.layer_scale.target).rpartition(".")
+                self.layer_scales.append(str(r.layer_scale.target))
+                self.gated_layer_scales.append(LayerScaleHandle(self.modules[owner_path] if owner_path else self.model,
+                                                                pname, str(r.layer_scale.target)))
+            scale = Gate()
+            module = self.modules[str(last.target)]
+            self._attach(module, str(last.target), "fixup_scale", scale)  # a Gate in the multiplier's place
+            module.register_forward_hook(scale_output)
+        elif r.layer_scale is not None:
             owner_path, _, pname = str(r.layer_scale.target).rpartition(".")
             scale = LayerScaleHandle(self.modules[owner_path] if owner_path else self.model, pname,
                                      str(r.layer_scale.target))
@@ -293,11 +308,13 @@ class Rewriter:
             return "mlp" if len(mods) > 1 else "linear"
         return "conv" if all(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in mods) else "mixed"
 
-    def classifier(self, nodes: list[fx.Node]) -> list[nn.Module]:
+    def classifier(self, nodes: list[fx.Node], bias: bool = True) -> list[nn.Module]:
+        """The classifier's layers, with rule 3's scalar bias before each unless ``bias`` is False."""
         out = []
         everything = set(self.graph.nodes)
         for n in nodes:
-            self._bias_layer(n, everything)
+            if bias:
+                self._bias_layer(n, everything)
             out.append(self.modules[str(n.target)])
         return out
 

@@ -1,0 +1,74 @@
+"""``fixup.adapt(model, x, method=...)`` for the gated methods (SkipInit, ReZero) on models written elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fixup
+from fixup._adapt import ADAPT_METHODS, GateAdaptReport
+from fixup.branch import find_branches
+from test_adapt import BasicBlock, ResNet
+from test_adapt_trunk import TinyEfficientNet
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def _branch_outputs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each branch's output after its gate: the last layer's output once its forward hooks have run."""
+    outs: list[torch.Tensor] = []
+    last = [b.layers[-1] for _, b in find_branches(model)]
+    # Registered after adapt's gate hook, so it sees the gated output.
+    hooks = [m.register_forward_hook(lambda m, a, o: outs.append(o.detach())) for m in last]
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return outs
+
+
+@pytest.mark.parametrize("method", ["skipinit", "rezero"])
+@pytest.mark.parametrize("build", [TinyEfficientNet, lambda: ResNet(BasicBlock, [1, 1, 1])], ids=["mbconv", "resnet"])
+def test_gated_adapt_starts_every_block_as_its_shortcut_with_unscaled_weights(method: str, build) -> None:
+    model, report = fixup.adapt(build(), _x(), method=method)
+    assert isinstance(report, GateAdaptReport) and report.method == method
+    branches = find_branches(model)
+    assert len(branches) == report.num_branches > 0
+    assert all(isinstance(b.scale, fixup.Gate) and float(b.scale.scale.detach()) == 0.0 for _, b in branches)
+    # The gate, not the weights, switches the branch off: no layer zeroed, the last layer's weight drawn.
+    assert all(b.layers[-1].weight.abs().sum() > 0 for _, b in branches)
+    assert all(torch.count_nonzero(o) == 0 for o in _branch_outputs(model, _x()))
+    # No scalar bias of Fixup's rule 3 was added: the scalars added are the gates.
+    assert len(report.scalars_added) == report.num_branches
+    assert report.trunk_rule == "lsuv" and report.stream
+
+
+def test_skipinit_and_rezero_adapt_to_the_same_structure() -> None:
+    _, a = fixup.adapt(TinyEfficientNet(), _x(), method="skipinit")
+    _, b = fixup.adapt(TinyEfficientNet(), _x(), method="rezero")
+    assert [(r.name, r.kind, r.m, r.gate) for r in a.branches] == [(r.name, r.kind, r.m, r.gate) for r in b.branches]
+
+
+def test_gates_learn_at_the_weights_rate_and_the_report_round_trips() -> None:
+    torch.manual_seed(0)
+    model, report = fixup.adapt(TinyEfficientNet(), _x(), method="rezero")
+    groups = {g["name"]: g for g in fixup.param_groups(model, lr=0.1)}
+    assert groups["gates"]["lr"] == pytest.approx(0.1) and len(groups["gates"]["params"]) == report.num_branches
+    opt = torch.optim.SGD(list(groups.values()), lr=0.1)
+    model.train()
+    F.cross_entropy(model(_x()), torch.arange(4)).backward()
+    opt.step()
+    assert all(float(b.scale.scale) != 0.0 for _, b in find_branches(model))
+    again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
+    assert isinstance(again, GateAdaptReport) and again == report
+
+
+def test_an_unsupported_method_is_refused_with_the_list() -> None:
+    with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero'\), got method='lsuv'"):
+        fixup.adapt(TinyEfficientNet(), _x(), method="lsuv")
+    assert ADAPT_METHODS == ("fixup", "skipinit", "rezero")
