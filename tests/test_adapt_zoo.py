@@ -14,9 +14,11 @@ from collections import Counter
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import fixup
+import fixup.branch
 from adapt_zoo import ZOO, import_timm, timm_model
 from fixup import AdaptError, FixupWarning, adapt, branch_scale
 
@@ -300,3 +302,33 @@ def test_fixup_train_adapts_a_users_model(tmp_path: object) -> None:
     groups = {g["name"]: g for g in result.param_groups}
     # The adapted model's scalars learn at lr/10, its 5 stream biases (bn of each block's conv3) share lr/10.
     assert groups["scalars"]["lr"] == pytest.approx(0.01) and groups["stream_biases"]["lr"] == pytest.approx(0.01 / 5)
+
+
+_IMAGE_MODELS = [n for n, e in ZOO.items() if e.source.startswith("timm") or "Image" in n or "torchvision" in n]
+
+
+@pytest.mark.parametrize("name", [_params(n) for n in _IMAGE_MODELS])
+def test_every_image_model_adapts_under_the_gated_methods_and_the_stream_keeps_its_scale(name: str) -> None:
+    """adapt(method="rezero") on each image model of the zoo: a Gate at 0 on every branch, each branch outputs zero,
+    one SGD step over param_groups moves every gate; and under Fixup's default trunk rule no stage of the
+    stream leaves 0.5x-2x the input's RMS at initialisation."""
+    entry = ZOO[name]
+    _needs(entry.needs)
+    torch.manual_seed(0)
+    x = entry.example()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, report = adapt(entry.build(), x, method="rezero")
+        _, fixup_report = adapt(entry.build(), x)
+    gates = [b.scale for _, b in fixup.branch.find_branches(model)]
+    assert len(gates) == report.num_branches == entry.L
+    assert all(isinstance(g, fixup.Gate) and float(g.scale.detach()) == 0.0 for g in gates)
+    opt = torch.optim.SGD(fixup.param_groups(model, lr=0.1), lr=0.1, momentum=0.9)
+    model.train()
+    logits = _logits(model(*_inputs(x)))
+    target = torch.zeros(logits.shape[0], dtype=torch.long)
+    F.cross_entropy(logits.reshape(logits.shape[0], -1)[:, :2], target).backward()
+    opt.step()
+    assert all(float(g.scale.detach()) != 0.0 for g in gates)
+    assert fixup_report.stream and all(0.5 <= s.ratio <= 2.0 for s in fixup_report.stream), \
+        [(s.name, round(s.ratio, 3)) for s in fixup_report.stream]
