@@ -92,7 +92,8 @@ class NFReport(InitReport):
                 local = ", ".join(r.name.removeprefix(b.name + ".") for r in b.layers)
                 mark = " (transition)" if b.transition else ""
                 gain = f"; gain {b.gate.removeprefix(b.name + '.')} = 0" if b.gate else ""
-                lines.append(f"  {b.name:<22} {b.kind:<14} beta {b.beta:.4f}{mark}: [{local}]{gain}")
+                short = f"; shortcut {b.shortcut.name.removeprefix(b.name + '.')}" if b.shortcut else ""
+                lines.append(f"  {b.name:<22} {b.kind:<14} beta {b.beta:.4f}{mark}: [{local}]{gain}{short}")
             if len(self.blocks) > max_branches:
                 lines.append(f"  ... {len(self.blocks) - max_branches} more (to_dict() or --json lists all)")
         lines.extend(self._format_tail())
