@@ -15,7 +15,7 @@ from ..branch import WEIGHT_LAYERS, WeightSlice, find_branches, find_classifier
 from ..method import Method
 from ..nn import Bias, Scale
 from ..report import GateRecord, GateReport, describe_norm
-from ._layers import check_layer, default_linear_, draw_, layer_key, model_base, record
+from ._layers import check_layer, default_linear_, draw_, draw_standard_, layer_key, model_base, record
 from .fans import base_std, groups_of
 
 __all__ = ["gate_init_"]
@@ -59,16 +59,11 @@ def gate_init_(model: nn.Module, method: Method, *, generator: torch.Generator |
                for _, branch, _, _ in plan for layer in branch.layers} | {id(c) for c in classifier}
     records = []
     for block, branch, layer_names, short in plan:
-        drawn = []
-        for layer, lname in zip(branch.layers, layer_names):
-            std = base_std(layer.weight, base, mode, groups_of(layer))
-            draw_(layer, std, generator)
-            drawn.append(record(lname, layer, std))
+        drawn = [draw_standard_(layer, lname, base, mode, generator)
+                 for layer, lname in zip(branch.layers, layer_names)]
         shortcut = None
         if branch.shortcut is not None:
-            std = base_std(branch.shortcut.weight, base, mode, groups_of(branch.shortcut))
-            draw_(branch.shortcut, std, generator)
-            shortcut = record(short, branch.shortcut, std)
+            shortcut = draw_standard_(branch.shortcut, short, base, mode, generator)
             handled.add(id(branch.shortcut))
         branch.gate.reset_parameters()
         records.append(GateRecord(block, branch.kind, branch.depth, drawn, f"{names[id(branch.gate)]}.scale", shortcut))

@@ -11,9 +11,9 @@ from ..branch import WEIGHT_LAYERS, WeightSlice, find_branches
 from ..method import Method
 from ..nn import Bias, Scale
 from ..report import InitReport, LayerRecord, describe_norm
-from .fans import BASE_INITS
+from .fans import BASE_INITS, base_std, groups_of
 
-__all__ = ["check_layer", "check_output_scale", "default_linear_", "draw_", "layer_key", "model_base",
+__all__ = ["check_layer", "check_output_scale", "default_linear_", "draw_", "draw_standard_", "layer_key", "model_base",
            "named_weight_layers", "plain_report", "record", "reset_norms_and_scalars"]
 
 
@@ -50,6 +50,15 @@ def draw_(layer: nn.Module | WeightSlice, std: float, generator: torch.Generator
         layer.weight.normal_(0.0, std, generator=generator)
     if getattr(layer, "bias", None) is not None:
         layer.bias.zero_()
+
+
+def draw_standard_(layer: nn.Module | WeightSlice, name: str, base: str, mode: str, generator: torch.Generator | None,
+                   factor: float = 1.0) -> LayerRecord:
+    """Draw ``layer`` by the standard rule ``base`` (He with fan ``mode``, per group, or Xavier) times ``factor``;
+    return its report line."""
+    std = base_std(layer.weight, base, mode, groups_of(layer)) * factor
+    draw_(layer, std, generator)
+    return record(name, layer, std)
 
 
 def default_linear_(layer: nn.Module, generator: torch.Generator | None) -> float:

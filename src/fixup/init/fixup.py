@@ -26,7 +26,7 @@ from ..branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_cla
 from ..method import METHODS, Method, as_method
 from ..nn import Bias, Scale
 from ..report import BranchRecord, FixupReport, describe_norm, warn_report
-from ._layers import check_layer, draw_, layer_key, model_base, record
+from ._layers import check_layer, draw_, draw_standard_, layer_key, model_base, record
 from .fans import FAN_MODES, base_std, groups_of
 
 __all__ = ["branch_scale", "fixup_init_", "initialise_", "zero_branches_"]
@@ -196,20 +196,15 @@ def _fixup_init(model: nn.Module, method: Method | str | None, *, generator: tor
         for block, branch, layer_names, short in plan:
             m = branch.depth
             factor = (branch_scale(L, m) if chosen.depth_scaling else 1.0) * chosen.rescale
-            scaled = []
-            for layer, lname in zip(branch.layers[:-1], layer_names[:-1]):
-                std = base_std(layer.weight, base, mode, groups_of(layer)) * factor
-                draw_(layer, std, generator)
-                scaled.append(record(lname, layer, std))
+            scaled = [draw_standard_(layer, lname, base, mode, generator, factor)
+                      for layer, lname in zip(branch.layers[:-1], layer_names[:-1])]
             last = branch.layers[-1]
             draw_(last, 0.0, generator)
             for scalar in (*branch.all_biases, *([branch.scale] if branch.scale is not None else [])):
                 scalar.reset_parameters()
             shortcut_rec = None
             if branch.shortcut is not None:
-                std = base_std(branch.shortcut.weight, base, mode, groups_of(branch.shortcut))
-                draw_(branch.shortcut, std, generator)
-                shortcut_rec = record(short, branch.shortcut, std)
+                shortcut_rec = draw_standard_(branch.shortcut, short, base, mode, generator)
                 handled.add(id(branch.shortcut))
             records.append(BranchRecord(block, branch.kind, m, factor, scaled, record(layer_names[-1], last, 0.0),
                                         len(branch.all_biases), branch.scale is not None, shortcut_rec,
