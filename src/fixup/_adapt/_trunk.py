@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from ..branch import WEIGHT_LAYERS
 from ..init import groups_of, he_std
+from ..lab.signal import output_rms
 
 __all__ = ["TRUNK_RULES", "TrunkRecord", "trunk_init_"]
 
@@ -61,8 +62,8 @@ class TrunkRecord:
 
 
 def _rms(out: Any) -> float:
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    return float(out.detach().float().pow(2).mean().sqrt()) if isinstance(out, Tensor) else math.nan
+    rms = output_rms(out)
+    return math.nan if rms is None else rms
 
 
 @torch.no_grad()

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SIGNAL_BAND", "SignalRecord", "StreamSignal", "compare_signal", "residual_blocks", "stage_names",
-           "stream_signal"]
+__all__ = ["SIGNAL_BAND", "SignalRecord", "StreamSignal", "compare_signal", "output_rms", "residual_blocks",
+           "stage_names", "stream_signal"]
 
 # The band the stream's RMS should stay in, as a multiple of the input's (issue 24's target).
 SIGNAL_BAND = (0.5, 2.0)
@@ -57,7 +57,9 @@ class StreamSignal:
                 "blocks": [vars(b) for b in self.blocks]}
 
 
-def _rms(t: Any) -> float | None:
+def output_rms(t: Any) -> float | None:
+    """The RMS of a module's output (its first element if a tuple, ``last_hidden_state`` of a Hugging Face output),
+    or ``None`` where it is not a floating-point tensor."""
     t = t[0] if isinstance(t, (tuple, list)) and t else t
     t = getattr(t, "last_hidden_state", t)  # a Hugging Face output object
     if not isinstance(t, Tensor) or not t.is_floating_point() or t.numel() == 0:
@@ -102,14 +104,15 @@ def stream_signal(model: nn.Module, example_input: Tensor | Sequence[Tensor], *,
         blocks: qualified names of the modules that compute residual sums (pass an adapted model's to measure
             the original, normalised one at the same places).
         train: run in train mode (a normalised model's BatchNorm uses the batch's statistics, as in training).
-            The model is run on a deep copy, so its running statistics are untouched.
+            A train-mode run uses a deep copy, so the model's running statistics are untouched; in eval mode the
+            model itself runs (nothing in it changes) and is returned to its modes.
     """
     names = list(blocks) if blocks is not None else residual_blocks(model)
     if not names:
         raise ValueError(f"{type(model).__name__} has no residual block to measure: pass blocks=[...] (module names "
                          "that compute a residual sum), or adapt it first with fixup.adapt(model, example_input)")
     args = (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
-    work = copy.deepcopy(model)
+    work = copy.deepcopy(model) if train else model
     modules = dict(work.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:
@@ -120,7 +123,7 @@ def stream_signal(model: nn.Module, example_input: Tensor | Sequence[Tensor], *,
 
     def hook(name: str) -> Any:
         def record(_m: nn.Module, _a: Any, out: Any) -> None:
-            rms = _rms(out)
+            rms = output_rms(out)
             if rms is not None and name not in seen:
                 seen[name] = rms
                 order.append(name)
@@ -131,12 +134,15 @@ def stream_signal(model: nn.Module, example_input: Tensor | Sequence[Tensor], *,
     children = {s: [f"{s}.{c}" for c, _ in modules[s].named_children()] for s in stages}
     watched = dict.fromkeys([*stages, *names, *(c for cs in children.values() for c in cs)])
     handles = [modules[n].register_forward_hook(hook(n)) for n in watched]
+    modes = {m: m.training for m in work.modules()}
     try:
         work.train(train)
         work(*args)
     finally:
         for h in handles:
             h.remove()
+        for m, mode in modes.items():
+            m.train(mode)
     rank = {n: i for i, n in enumerate(order)}
     for s in stages:
         ran = [c for c in children[s] if c in rank]
@@ -146,7 +152,7 @@ def stream_signal(model: nn.Module, example_input: Tensor | Sequence[Tensor], *,
             rank[s] = rank[last] + 0.5
     order = sorted(rank, key=rank.__getitem__)
     first = args[0]
-    ref = _rms(first) if first.is_floating_point() else 1.0
+    ref = output_rms(first) if first.is_floating_point() else 1.0
     ref = ref or 1.0
     stage_set, block_set = set(stages), set(names)
     return StreamSignal(
