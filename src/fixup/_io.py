@@ -6,26 +6,65 @@ through :func:`atomic_write`: the bytes go to a temporary file beside the target
 mid-write never leaves a half-written file under the real name. :func:`remove_stale_temporaries`
 deletes the temporaries that a killed writer left behind. :func:`read_json` turns every way a JSON
 file can be unreadable into one :class:`ValueError` that names the file.
+
+A full disk (or quota, or file-size limit) is always an :class:`OSError` with its errno
+(:func:`full_disk_error` finds it), never another library's wrapping of it: torch's serializer
+turns a failed ``write`` into ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``,
+so :func:`atomic_write` remembers the first error its file raised and raises that one instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
-__all__ = ["atomic_write", "check_output_dir", "check_output_file", "read_json", "remove_stale_temporaries", "to_json",
-           "write_json", "write_text"]
+__all__ = ["FULL_DISK", "atomic_write", "check_output_dir", "check_output_file", "full_disk_error", "read_json",
+           "remove_stale_temporaries", "to_json", "write_json", "write_text"]
+
+# The errnos of a write that found no room: the disk is full, the user's quota is spent, or a file would pass
+# the process's file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored).
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 
 def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def full_disk_error(err: BaseException | None) -> OSError | None:
+    """The full-disk :class:`OSError` (errno in :data:`FULL_DISK`) that is ``err`` or caused it, else None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno in FULL_DISK:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class _Recording:
+    """A file whose first ``write`` error is kept, for a caller that wraps it in another exception."""
+
+    def __init__(self, fh: IO[Any]) -> None:
+        self._fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
 
 
 @contextlib.contextmanager
@@ -35,6 +74,10 @@ def atomic_write(path: str | Path, mode: str = "w", *, previous: str | Path | No
     ``mode`` is ``"w"`` (text, UTF-8) or ``"wb"``. On an exception the temporary file is removed and
     ``path`` is left as it was. The parent folder is created when missing. With ``previous``, the
     file being replaced is first renamed to ``previous`` (so the last version stays beside the new one).
+
+    When a write fails and the writer raises something else instead (torch's ``RuntimeError``), the
+    write's own :class:`OSError` is raised. A full disk is an :class:`OSError` with the same errno and
+    one line that names ``path`` and says that the file there before is unchanged.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', got {mode!r}")
@@ -42,13 +85,26 @@ def atomic_write(path: str | Path, mode: str = "w", *, previous: str | Path | No
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     try:
-        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as raw:
+            fh = _Recording(raw)
+            try:
+                yield cast(IO[Any], fh)
+            except Exception as err:
+                if fh.error is None or fh.error is err:
+                    raise
+                raise fh.error from err
+            raw.flush()
+            os.fsync(raw.fileno())
         if previous is not None and path.exists():
             os.replace(path, previous)
         os.replace(tmp, path)
+    except OSError as err:
+        if err.errno not in FULL_DISK:
+            raise
+        kept = f"{path.name} there is unchanged" if path.exists() else "nothing was written"
+        fix = "raise the file-size limit (ulimit -f)" if err.errno == errno.EFBIG else "free space on its filesystem"
+        raise OSError(err.errno, f"{os.strerror(err.errno)} while writing {path} ({kept}); {fix} or write to "
+                      "another folder") from err
     finally:
         tmp.unlink(missing_ok=True)
 
