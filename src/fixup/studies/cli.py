@@ -23,6 +23,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                       help="the paper's scale (for a GPU): --data-dir D holds cifar-10-python.tar.gz (or "
                            "cifar-10-batches-py), and optionally iwslt14.de-en/, svhn/ and imagenet/; see "
                            "--dry-run and docs/studies.md")
+    mode.add_argument("--deep", dest="mode", action="store_const", const="deep",
+                      help="the paper's depths (10 to 10,000 layers, every method, 3 seeds) and translation at its "
+                           "plateau (dropout search, 5 seeds) on the embedded data: many CPU hours, cheapest cells "
+                           "first; rerun the same command to resume (docs/studies.md, 'The deep tier')")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="a minimal grid that checks the whole pipeline in about a minute (CI)")
     p.set_defaults(mode="quick")
@@ -34,7 +38,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, full: 3; at least 2 / 3)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, deep and full: 3; at least 2 / 3)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
@@ -120,7 +124,7 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
     spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
                     threads=max(1, (os.cpu_count() or 1) // args.jobs))
     todo = [t for t in tasks if not store.is_done(t.cell)]
-    est = estimate_seconds(todo, spc, args.jobs) * (1 + waiting / max(1, len(tasks)))
+    est = estimate_seconds(todo, spc, args.jobs, grid.order) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
           f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
     if args.plan:
@@ -132,7 +136,7 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
         if waiting:
             print(f"  + {waiting} cells planned once the cells they depend on finish")
         return 0
-    if args.mode == "full" and not args.yes and sys.stdin.isatty():
+    if args.mode in ("full", "deep") and not args.yes and sys.stdin.isatty():
         input("press Enter to start (Ctrl-C to stop; rerun the same command to resume) ")
     display = _Display()
     try:  # SIGINT and SIGTERM raise Interrupted (fixup._signals): workers are stopped, finished cells stay

@@ -58,12 +58,12 @@ def calibrate(side: int = 8, channels: int = 1, *, device: str = "auto", threads
         torch.set_num_threads(old)
 
 
-def estimate_seconds(tasks: Sequence[Task], seconds_per_cost: float, jobs: int = 1) -> float:
-    """Wall-clock estimate for ``tasks`` run ``jobs`` at a time, longest first (as the runner does)."""
-    from .runner import longest_first
+def estimate_seconds(tasks: Sequence[Task], seconds_per_cost: float, jobs: int = 1, order: str | None = None) -> float:
+    """Wall-clock estimate for ``tasks`` run ``jobs`` at a time, in the runner's order (see its ``order``)."""
+    from .runner import in_order, longest_first
 
     workers = [0.0] * max(1, jobs)
-    for task in longest_first(tasks) if jobs > 1 else tasks:
+    for task in in_order(tasks, order) if order else longest_first(tasks) if jobs > 1 else tasks:
         i = workers.index(min(workers))  # the next free worker takes the next cell
         workers[i] += CELL_OVERHEAD_S + COST_FACTOR * task.cell.cost * seconds_per_cost
     return max(workers)

@@ -1,4 +1,5 @@
-"""The grids the studies run on: ``tiny`` (CI), ``quick`` (2 CPU cores, under 8 minutes), ``full`` (the paper).
+"""The grids the studies run on: ``tiny`` (CI), ``quick`` (2 CPU cores, under 8 minutes), ``deep`` (the
+paper's depths and the translation plateau on CPU: hours to days, resumable), ``full`` (the paper).
 
 Every scale choice of every study lives here, so that the report can state the scale it ran at and
 the documentation can list the grids. ``quick`` and ``tiny`` run on the embedded digits data
@@ -15,10 +16,13 @@ from typing import Any
 from . import paper
 from .layout import missing_reason, resolve_full_data
 
-__all__ = ["MODES", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "RegularisationGrid", "SvhnGrid",
+__all__ = ["MODES", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "ORDERS", "RegularisationGrid", "SvhnGrid",
            "TheoryGrid", "TranslationGrid", "make_grid"]
 
-MODES = ("tiny", "quick", "full")
+MODES = ("tiny", "quick", "deep", "full")
+# The order a run takes its cells in: "longest" first (no worker waits long on the last cell), or "cheapest"
+# first (a run that may be stopped long before its end has every cheap row finished first).
+ORDERS = ("longest", "cheapest")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,10 @@ class DepthGrid:
     batch_size: int = paper.DEPTH_PROTOCOL["batch"]
     batch_size_10000: int = paper.DEPTH_PROTOCOL["batch_10000"]
     epochs: int = 1
+    # A run stops as "collapsed" after this many consecutive steps with no live classifier input unit
+    # (fixup.train.collapse): from then on every gradient below the classifier is exactly 0, so the epoch's
+    # outcome is already determined (a classifier of a constant vector: one class for every test image).
+    collapse_patience: int = 20
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,7 @@ class Grid:
     imagenet: ImageNetGrid = field(default_factory=ImageNetGrid)
     # studies ``fixup reproduce`` leaves out in this mode, and why (``fixup study NAME`` still runs them)
     skipped: dict[str, str] = field(default_factory=dict)
+    order: str = "longest"  # the order cells are run in (ORDERS)
 
     def describe_data(self) -> str:
         size = f" at {self.image_size}x{self.image_size}" if self.image_size else ""
@@ -226,6 +235,26 @@ _QUICK = dict(
                       measured_step=10),
 )
 
+# The deep tier: the two headline experiments the quick run cannot resolve, at the scale that can, on CPU.
+# Figure 3 at the paper's four depths with every method, n=3, on digits at batch 32 (45 steps an epoch, as in the
+# quick run; the 10,000-layer net keeps batch 32 too); a 10,000-layer cell is 13 minutes or more of one core, so
+# the whole tier is many CPU hours: the cells run cheapest first, the store resumes where a run stopped, and a
+# long cell resumes from its last minute (fixup.studies._common.SEGMENT_SECONDS).
+_DEEP = dict(
+    seeds=3,
+    order="cheapest",
+    skipped={**_FULL_ONLY, **{name: "not in the deep tier (fixup reproduce --quick runs it)"
+                              for name in ("ablation", "regularisation", "theory")}},
+    # fixup_batch_scaled is left out as in the quick grid (at batch 32 its rate is 0.025: it did not learn in 45 steps).
+    # A collapse is called after 5 dead steps, not 20: at 10,000 layers a step is 10-20 s of one core.
+    depth=DepthGrid(depths=(10, 100, 1000, 10000), batch_size=32, batch_size_10000=32, collapse_patience=5,
+                    methods=("fixup", "batchnorm", "fixup_paper", "lsuv", "sqrt2", "he", "skipinit", "rezero",
+                             "nf_resnet")),
+    translation=TranslationGrid(model="transformer_tiny", dropouts=paper.DROPOUT_GRID, max_updates=600,
+                                warmup_steps=100, lr=3e-3, max_tokens=2048, beam=1, cost_per_cell=4.8e6, seeds=5,
+                                extra={"synthetic_train": 8000, "synthetic_eval": 200, "vocab_size": 500}),
+)
+
 _TINY = dict(
     seeds=2,
     skipped=dict(_FULL_ONLY),
@@ -252,8 +281,8 @@ def make_grid(mode: str, *, data: str = "digits", data_dir: str | None = None, s
     """The grid of ``mode`` (``tiny``, ``quick`` or ``full``) on ``data``, with ``seeds`` seeds per cell."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    base = Grid(mode=mode, **(_QUICK if mode == "quick" else _TINY if mode == "tiny" else {}))
-    least = 3 if mode == "full" else 2
+    base = Grid(mode=mode, **{"quick": _QUICK, "tiny": _TINY, "deep": _DEEP}.get(mode, {}))
+    least = 3 if mode in ("full", "deep") else 2
     if seeds is not None and seeds < least:
         raise ValueError(f"{mode} mode needs at least {least} seeds for a mean ± std, got --seeds {seeds}")
     translation, svhn, imagenet = base.translation, base.svhn, base.imagenet

@@ -85,7 +85,8 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
                                   resumed=p.resumed + _resumed, failed=p.failed + len(failed), running=p.running,
                                   elapsed=time.perf_counter() - start, eta=p.eta), message)
 
-        summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost)
+        summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost,
+                            order=grid.order)
         seconds_per_cost = summary.seconds_per_cost or seconds_per_cost  # the next round's ETA prior
         run += len(summary.ran)
         resumed += len(summary.resumed)

@@ -22,7 +22,7 @@ from typing import Any
 from .cells import Cell, CellFn, Task
 from .store import Store
 
-__all__ = ["Progress", "ProgressFn", "RunSummary", "format_seconds", "longest_first", "run_tasks"]
+__all__ = ["Progress", "ProgressFn", "RunSummary", "format_seconds", "in_order", "longest_first", "run_tasks"]
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -65,6 +65,16 @@ def longest_first(tasks: Sequence[Task]) -> list[Task]:
     """The order parallel workers take cells in: costliest first (plan order among equals), so that the
     last cells to start are short and no worker waits long on the last one."""
     return sorted(tasks, key=lambda t: -t.cell.cost)
+
+
+def in_order(tasks: Sequence[Task], order: str = "longest") -> list[Task]:
+    """The cells in the order a run takes them: ``"longest"`` first (:func:`longest_first`), or ``"cheapest"``
+    first (plan order among equals), for a run that may stop long before its end (the deep tier)."""
+    if order == "longest":
+        return longest_first(tasks)
+    if order == "cheapest":
+        return sorted(tasks, key=lambda t: t.cell.cost)
+    raise ValueError(f"order must be 'longest' or 'cheapest', got {order!r}")
 
 
 @dataclass
@@ -159,13 +169,14 @@ class _Clock:
 
 
 def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progress: ProgressFn | None = None,
-              seconds_per_cost: float | None = None) -> RunSummary:
+              seconds_per_cost: float | None = None, order: str | None = None) -> RunSummary:
     """Run every unfinished task's cell, store results under ``root``, and return what happened.
 
     ``jobs`` > 1 runs cells in that many worker processes (spawned, each with
     ``cpu_count // jobs`` torch threads). A cell whose function raises is recorded as failed (its
     traceback in ``cell_error.json``) and retried by the next run; the other cells go on.
-    ``seconds_per_cost`` is the ETA's prior until the first cell finishes.
+    ``seconds_per_cost`` is the ETA's prior until the first cell finishes. ``order`` (see :func:`in_order`):
+    None runs one job in plan order and several longest first.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
@@ -173,6 +184,10 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
     if len(set(keys)) != len(keys):
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"a plan lists the same cell twice: {', '.join(dupes[:5])}")
+    if order is not None:
+        tasks = in_order(tasks, order)
+    elif jobs > 1:
+        tasks = longest_first(tasks)
     store = Store(root)
     with store.lock():
         return _run_locked(tasks, store, jobs, progress, seconds_per_cost)
@@ -181,7 +196,7 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
 def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: ProgressFn | None,
                 seconds_per_cost: float | None) -> RunSummary:
     start = time.perf_counter()
-    todo = [t for t in tasks if not store.is_done(t.cell)]
+    todo = [t for t in tasks if not store.is_done(t.cell)]  # in the order they run
     resumed = [t.cell.key for t in tasks if t not in todo]
     state = Progress(total=len(tasks), done=len(resumed), resumed=len(resumed))
     clock = _Clock(min(jobs, max(1, len(todo))), seconds_per_cost)
@@ -228,7 +243,7 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
         threads = max(1, (os.cpu_count() or 1) // jobs)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
                                  initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
-            queue = longest_first(todo)
+            queue = list(todo)
             pending: dict[Future[Any], Task] = {}
             try:
                 while queue or pending:
