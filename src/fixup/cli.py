@@ -148,7 +148,8 @@ def _command_name(args: argparse.Namespace | None, argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``fixup`` command; returns its exit code.
 
-    Exit codes: 0 success; 2 bad options or input (one line on stderr naming the value and the fix);
+    Exit codes: 0 success; 2 bad options or input, or an output that cannot be written (a full disk too: one
+    line on stderr naming the value and the fix);
     130 / 143 stopped by SIGINT / SIGTERM (one line: what was kept and the command that resumes);
     141 the reader of the output went away (``fixup list | head``); commands document others
     (``fixup train``: 3 diverged, 5 collapsed).
@@ -169,9 +170,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
             return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
         except (ValueError, OSError) as err:
-            text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
-            print(f"{_command_name(args, argv)}: error: {text}", file=sys.stderr)
-            return 2
+            return _error(err, _command_name(args, argv))
+        except Exception as err:  # a full disk that a library wrapped (torch.save: RuntimeError "unexpected pos")
+            from ._io import full_disk_error
+
+            full = full_disk_error(err)
+            if full is None:
+                raise
+            return _error(full, _command_name(args, argv))
+
+
+def _error(err: BaseException, command: str) -> int:
+    """Print ``err`` as one line on stderr; return the exit code of bad options or input (2)."""
+    text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    print(f"{command}: error: {text}", file=sys.stderr)
+    return 2
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
