@@ -125,7 +125,18 @@ def _protocol(grid: Grid) -> Protocol:
     data = g.data_dir or "the embedded generated task"
     model = "transformer_iwslt_de_en" if g.model == "transformer_iwslt_de_en" else g.model
     return Protocol(model=model, paper_model="transformer_iwslt_de_en", data=data, steps=g.max_updates,
-                    n=_seeds(grid), scalars="trained at the full rate (Adam)")
+                    n=_seeds(grid), scalars=_scalars())
+
+
+def _scalars() -> str:
+    """How the cells train Fixup's scalars: the translation recipes' rate multiplier and optimiser (the cells set
+    neither, so :data:`fixup.translation.task.RECIPES` decides)."""
+    from ..translation.task import translation_config
+
+    config = translation_config()
+    mult = config.scalar_lr_mult
+    rate = "held fixed" if mult == 0 else "trained at the full rate" if mult == 1 else f"trained at {mult:g}x the rate"
+    return f"{rate} ({config.optimizer})"
 
 
 def _bleu_text(c: Cells, dist: dict[str, Any]) -> str:
