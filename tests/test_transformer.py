@@ -51,9 +51,10 @@ def test_accounting_counts_branches_and_factors():
     assert [c.name for c in report.classifier] == ["output"]
     assert set(report.untouched) == {"src_embed (Embedding)", "tgt_embed (Embedding)"}
     assert report.normalization == [] and report.warnings == []
-    # Q has the Xavier std of a d x d layer times L^-1/6; fc1 Xavier times L^-1/2.
+    # Q has the Xavier std of the fused (3d, d) Q/K/V matrix (the authors' fairseq code) times L^-1/6; fc1 Xavier
+    # times L^-1/2.
     q = model.encoder[0].self_attn.q.weight
-    assert q.std().item() == pytest.approx(math.sqrt(2 / 64) * L ** (-1 / 6), rel=0.1)
+    assert q.std().item() == pytest.approx(math.sqrt(2 / (4 * 32)) * L ** (-1 / 6), rel=0.1)
     fc1 = model.decoder[1].ffn.fc1.weight
     assert fc1.std().item() == pytest.approx(math.sqrt(2 / 96) * L ** -0.5, rel=0.1)
 

@@ -56,9 +56,17 @@ def draw_standard_(layer: nn.Module | WeightSlice, name: str, base: str, mode: s
                    factor: float = 1.0) -> LayerRecord:
     """Draw ``layer`` by the standard rule ``base`` (He with fan ``mode``, per group, or Xavier) times ``factor``;
     return its report line."""
-    std = base_std(layer.weight, base, mode, groups_of(layer)) * factor
+    std = base_std(_as_drawn(layer), base, mode, groups_of(layer)) * factor
     draw_(layer, std, generator)
     return record(name, layer, std)
+
+
+def _as_drawn(layer: nn.Module | WeightSlice) -> torch.Tensor:
+    """The weight whose fans the standard rule counts: a layer that declares ``fan_out_mult`` k is drawn as one of
+    k row blocks of a fused matrix (the Transformer's Q, K and V: fairseq draws them as one (3d, d) matrix)."""
+    k = int(getattr(layer, "fan_out_mult", 1))
+    w = layer.weight
+    return w if k == 1 else w.new_empty((k * w.shape[0], *w.shape[1:]), device="meta")
 
 
 def default_linear_(layer: nn.Module, generator: torch.Generator | None) -> float:

@@ -140,14 +140,15 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> dict[str, float]:
-        """fairseq's initialisation: Xavier-uniform linear layers with zero biases, N(0, d^-1/2)
+        """fairseq's initialisation: Xavier-uniform linear layers with zero biases (Q, K and V with the fans of
+        the (3d, d) matrix fairseq draws them as), N(0, d^-1/2)
         embeddings and output projection, zero padding embedding, unit LayerNorm gains. Returns the std
         each linear layer was drawn with, by name."""
         d = self.cfg.d_model
         stds = {}
         for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear):
-                bound = math.sqrt(6.0 / (mod.in_features + mod.out_features))
+                bound = math.sqrt(6.0 / (mod.in_features + mod.out_features * getattr(mod, "fan_out_mult", 1)))
                 mod.weight.uniform_(-bound, bound, generator=generator)
                 stds[name] = bound / math.sqrt(3.0)
                 if mod.bias is not None:

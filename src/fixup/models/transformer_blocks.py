@@ -98,6 +98,8 @@ class AttentionBlock(nn.Module):
         self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
         self.bias_in, self.bias_out = _maybe(Bias, fixup and method.biases), _maybe(Bias, fixup and method.biases)
         self.q, self.k, self.v, self.out = (nn.Linear(d, d, bias=not fixup) for _ in range(4))
+        for proj in (self.q, self.k, self.v):  # fairseq draws Q, K, V as one (3d, d) matrix: Xavier std (2d)^-1/2
+            proj.fan_out_mult = 3  # read by the standard initialisation (Transformer.reset_parameters, fixup.init)
         self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
         self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
         self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
