@@ -38,7 +38,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (quick: 2, deep and full: 3; at least 2 / 3)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per cell (quick: 2, deep and full: 3; at least 2 / 3)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")

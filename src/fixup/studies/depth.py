@@ -71,7 +71,9 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             "runs": [{"seed": r["seed"], "outcome": outcome_of(r["result"]), "test_acc": r["result"].get("test_acc")}
                      for r in recs],
         }
-    depths = sorted({int(d) for m in methods.values() for d in m})
+    # every planned depth, finished or not: the verdicts rest on the grid's deepest depth, never on the deepest
+    # one that happens to have finished (an unfinished depth reads "k of n planned seeds finished")
+    depths = sorted({int(d) for m in methods.values() for d in m} | set(grid.depth.depths))
     return {"chance": chance_level(grid), "depths": depths, "methods": methods, "planned_seeds": grid.seeds,
             "scale": _protocol(grid, "fixup").describe()}
 
@@ -110,7 +112,7 @@ def _planned(grid: Grid) -> Cells:
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     depths, chance = summary["depths"], summary["chance"]
     proto = _protocol(grid, "fixup")
-    if not depths:
+    if not summary["methods"]:
         return [not_run(c, "no depth-study cell has finished", proto.describe())
                 for c in ("depth_fixup_trains_deep", "depth_baselines_fail", "no_norm_needs_small_rate")]
     deepest = max(depths)
@@ -193,7 +195,7 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
 def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
     from .plots import plot_depth
 
-    if not summary["depths"]:
+    if not summary["methods"]:
         return []
     return [plot_depth(summary, LABELS, folder / "depth.png")]
 

@@ -16,7 +16,7 @@ from typing import Any
 from . import paper
 from .layout import missing_reason, resolve_full_data
 
-__all__ = ["MODES", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "ORDERS", "RegularisationGrid", "SvhnGrid",
+__all__ = ["MODES", "ORDERS", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "RegularisationGrid", "SvhnGrid",
            "TheoryGrid", "TranslationGrid", "make_grid"]
 
 MODES = ("tiny", "quick", "deep", "full")

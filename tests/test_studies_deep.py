@@ -1,0 +1,75 @@
+"""The deep tier (``fixup reproduce --deep``): the paper's four depths with every method, cheapest cells first,
+and verdicts that rest on the grid's deepest depth only."""
+
+import pytest
+
+from fixup.studies import depth, make_grid
+from fixup.studies.claims import NOT_RUN
+from fixup.studies.estimate import estimate_seconds
+from fixup.studies.runner import in_order, longest_first
+from fixup.studies.store import Store
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return make_grid("deep")
+
+
+def test_the_deep_tier_runs_the_papers_four_depths_with_every_method_and_three_seeds(grid):
+    assert grid.depth.depths == (10, 100, 1000, 10000)
+    assert all((d - 4) % 6 == 0 for d in grid.depth.depths)  # Wide-ResNet depths are 6n+4
+    assert grid.seeds == 3 and grid.order == "cheapest"
+    for method in ("fixup", "fixup_paper", "batchnorm", "lsuv", "sqrt2", "he", "skipinit", "rezero", "nf_resnet"):
+        assert method in grid.depth.methods
+    assert set(grid.skipped) >= {"ablation", "regularisation", "theory"}
+    assert grid.translation.dropouts == (0.3, 0.4, 0.5, 0.6) and grid.translation.seeds == 5
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        make_grid("deep", seeds=2)
+
+
+def test_deep_cells_keep_the_papers_protocol_and_call_a_collapse_early(grid, tmp_path):
+    tasks = depth.plan(grid, Store(tmp_path)).tasks
+    assert len(tasks) == 4 * len(grid.depth.methods) * 3
+    for t in tasks:
+        train = t.cell.config["train"]
+        assert train["grad_clip"] == 0.0 and train["lr"] == 0.1 and train["schedule"] == "constant"
+        assert train["collapse_patience"] == 5 and train["checkpoint"] is True
+    quick = depth.plan(make_grid("quick"), Store(tmp_path / "q")).tasks
+    assert {t.cell.config["train"]["collapse_patience"] for t in quick} == {20}
+
+
+def test_cheapest_first_finishes_every_shallow_row_and_gives_every_method_n1_before_n2(grid, tmp_path):
+    tasks = in_order(depth.plan(grid, Store(tmp_path)).tasks, "cheapest")
+    depths = [t.cell.setting["depth"] for t in tasks]
+    assert depths == sorted(depths)
+    deepest = [t.cell for t in tasks if t.cell.setting["depth"] == 10000]
+    k = len(grid.depth.methods)
+    assert [c.seed for c in deepest[:k]] == [0] * k and {c.method for c in deepest[:k]} == set(grid.depth.methods)
+    assert deepest[0].method == "fixup" and deepest[1].method == "batchnorm"
+    assert longest_first(tasks)[0].cell.setting["depth"] == 10000
+    with pytest.raises(ValueError, match="order must be"):
+        in_order(tasks, "random")
+
+
+def test_the_estimate_follows_the_order(grid, tmp_path):
+    tasks = depth.plan(grid, Store(tmp_path)).tasks
+    one = estimate_seconds(tasks, 1e-6, 1, "cheapest")
+    assert one == pytest.approx(estimate_seconds(tasks, 1e-6, 1))  # one worker: the order cannot change the sum
+    assert estimate_seconds(tasks, 1e-6, 2, "cheapest") >= estimate_seconds(tasks, 1e-6, 2, "longest")
+
+
+def _record(method: str, d: int, seed: int, acc: float) -> dict:
+    return {"study": "depth", "method": method, "setting": {"depth": d}, "seed": seed, "config": {},
+            "result": {"outcome": "completed", "diverged": False, "test_acc": acc}}
+
+
+def test_no_verdict_at_a_shallower_depth_while_the_deepest_is_unfinished(grid):
+    recs = [_record(m, d, s, 0.9) for d in (10, 100, 1000) for s in range(3) for m in grid.depth.methods]
+    recs += [_record("fixup", 10000, 0, 0.6)]
+    summary = depth.summarise(recs, grid)
+    assert summary["depths"] == [10, 100, 1000, 10000]
+    rows = {r.claim: r for r in depth.claims(summary, grid)}
+    row = rows["depth_fixup_trains_deep"]
+    assert row.verdict == NOT_RUN and "10000 layers" in row.ours
+    assert "n=1 of 3" in row.ours and "BatchNorm has no finished cell" in row.why
+    assert "depth 10000" in depth.markdown(summary, grid)
