@@ -135,3 +135,25 @@ def test_translate_command_and_inspect(tmp_path, capsys):
     assert main(["inspect", "transformer_tiny"]) == 0
     out = capsys.readouterr().out
     assert "L = 10 residual branches" in out and "L^(-1/6)" in out and "L^(-1/2)" in out
+
+
+def test_eval_updates_cuts_the_same_batches_into_shorter_epochs(tmp_path):
+    """Learning curves: with eval_updates k the engine's epochs are k updates of the same batch sequence, so the
+    run trains exactly as with one epoch per pass and evaluates every k updates."""
+    cfg = config(tmp_path, seed=3)
+    per = TranslationTask(cfg).steps_per_epoch(Shard())
+    k, steps = 4, per + 6  # crosses into the second pass mid-epoch
+    cut = cfg.replace(extra={**cfg.extra, "eval_updates": k})
+    whole, chunked = TranslationTask(cfg), TranslationTask(cut)
+    assert chunked.steps_per_epoch(Shard()) == k
+    ids = [b["src"].tolist() for e in range(2) for b in whole.train_batches(e, Shard())][:steps]
+    ids_cut = [b["src"].tolist() for e in range(-(-steps // k)) for b in chunked.train_batches(e, Shard())][:steps]
+    assert ids_cut == ids
+    a = fit(cfg.replace(max_updates=steps), out_dir=tmp_path / "a", task=whole, progress=False)
+    b = fit(cut.replace(max_updates=steps), out_dir=tmp_path / "b", task=chunked, progress=False)
+    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    assert [r["step"] for r in b.history] == [*range(k, steps, k), steps]
+    assert all("test_nll" in r and "valid_bleu" in r for r in b.history)
+    with pytest.raises(ValueError, match="eval_updates must be >= 0"):
+        TranslationTask(cfg.replace(extra={**cfg.extra, "eval_updates": -1}))

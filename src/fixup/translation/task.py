@@ -71,6 +71,9 @@ class TranslationOptions:
     activation_dropout: float = 0.0  # dropout after the feed-forward activation
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # other TransformerConfig overrides
     bleu_limit: int = 500  # valid sentences translated (greedy) for valid_bleu at each evaluation; 0 = off
+    # updates per engine epoch, so that the engine evaluates (valid NLL, valid_bleu) and checkpoints every this many
+    # updates: learning curves; 0 = one pass over the training data. The batches come in the same order either way.
+    eval_updates: int = 0
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
     synthetic_train: int = 30000  # its training pairs
     synthetic_eval: int = 1000  # its valid and its test pairs (each)
@@ -112,6 +115,9 @@ class TranslationTask:
             self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,
             vocab_size=o.vocab_size, joint_vocab=o.joint_vocab, model_type=o.spm_model, max_len=o.max_len)
         self._train_count = len(token_batches(self.data.pairs["train"], o.max_tokens))
+        if o.eval_updates < 0:
+            raise ValueError(f"eval_updates must be >= 0 (0: evaluate after each pass over the data), got "
+                             f"{o.eval_updates}")
 
     # -- the Task protocol --------------------------------------------------------------------------
     def build_model(self, config: TrainConfig) -> nn.Module:
@@ -130,18 +136,38 @@ class TranslationTask:
         return create_model(config.model, **kwargs)
 
     def steps_per_epoch(self, shard: Shard) -> int:
+        return self.options.eval_updates or self._steps_per_pass(shard)
+
+    def _steps_per_pass(self, shard: Shard) -> int:
         return self._train_count // shard.world_size
 
     def _shard(self, batches: list[list[int]], shard: Shard) -> list[list[int]]:
         per = len(batches) // shard.world_size
         return batches[shard.rank::shard.world_size][:per]
 
-    def train_batches(self, epoch: int, shard: Shard) -> Iterator[dict[str, Tensor]]:
+    def _pass(self, index: int, shard: Shard) -> list[list[int]]:
+        """This process's batches (pair indices) of pass ``index`` over the training data, shuffled by (seed, pass)."""
         from ..train.task import seeded_generator
 
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=seeded_generator(self.config.seed, epoch)))
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=seeded_generator(self.config.seed, index)))
+        return self._shard(token_batches(self.data.pairs["train"], self.options.max_tokens, shuffle=True, seed=seed),
+                           shard)
+
+    def _epoch_batches(self, epoch: int, shard: Shard) -> Iterator[list[int]]:
+        k = self.options.eval_updates
+        if not k:
+            yield from self._pass(epoch, shard)
+            return
+        per, cached = self._steps_per_pass(shard), (-1, [])
+        for position in range(epoch * k, (epoch + 1) * k):  # the same sequence of passes, cut every k updates
+            index, i = divmod(position, per)
+            if cached[0] != index:
+                cached = (index, self._pass(index, shard))
+            yield cached[1][i]
+
+    def train_batches(self, epoch: int, shard: Shard) -> Iterator[dict[str, Tensor]]:
         pairs = self.data.pairs["train"]
-        for index in self._shard(token_batches(pairs, self.options.max_tokens, shuffle=True, seed=seed), shard):
+        for index in self._epoch_batches(epoch, shard):
             b = collate(pairs, index)
             yield {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out}
 
