@@ -68,3 +68,11 @@ def test_bench_output_has_no_profiler_lines(capfd) -> None:
     peak_step_memory(lambda: model(__import__("torch").randn(2, 3, 8, 8)).sum().backward(), model, "cpu")
     captured = capfd.readouterr()
     assert "profiler_start" not in captured.err and "USDT" not in captured.err + captured.out
+
+
+def test_an_unknown_option_before_the_command_is_named(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--nosuch"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "unknown option --nosuch" in err and "required" not in err

@@ -119,6 +119,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        # argparse checks required arguments before unknown ones: ``fixup --nosuch`` would say "COMMAND is
+        # required" instead of naming the option it did not know
+        if self.prog == "fixup" and args:
+            first = next(iter(args))
+            if first.startswith("-") and first.split("=")[0] not in self._option_string_actions:
+                self.error(f"unknown option {first}: options go after the command (fixup COMMAND --option)")
+        return super().parse_known_args(args, namespace)
+
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
