@@ -176,9 +176,11 @@ def test_the_engine_clips_each_unit_to_lambda_times_its_weight_norm_under_clip_a
 
 def test_clip_none_is_grad_clip_zero_and_the_default_stays_the_global_norm_at_1() -> None:
     from fixup.train import TrainConfig
+    from fixup.train.recipe import apply_recipe
 
     cfg = TrainConfig()
-    assert (cfg.clip, cfg.grad_clip) == ("norm", 1.0)
+    assert (cfg.clip, cfg.grad_clip) == ("auto", 1.0)  # auto: Fixup's recipe prescribes none, so the engine's norm
+    assert apply_recipe(cfg.validate())[0].clip == "norm"
     assert torch.equal(_stem_moves(clip="none")[1], _stem_moves(grad_clip=0.0)[1])
 
 
@@ -194,8 +196,9 @@ def test_bad_clip_options_are_named(kw: dict, match: str) -> None:
 def test_a_checkpoint_written_before_the_clip_options_resumes(tmp_path) -> None:
     from fixup.train import TrainConfig
     from fixup.train.checkpoint import CheckpointError, check_compatible
+    from fixup.train.recipe import apply_recipe
 
-    current = TrainConfig().to_dict()
+    current = apply_recipe(TrainConfig().validate())[0].to_dict()  # the config the engine saves and compares
     older = {section: {k: v for k, v in fields.items() if k not in ("clip", "agc_clipping")}
              for section, fields in current.items()}
     check_compatible(older, current, tmp_path)  # absent options are their defaults: the same run

@@ -203,7 +203,8 @@ def resolve_method(norm: str | None = "fixup", init: str | None = None, *,
     """The :class:`Method` for ``norm`` and ``init`` (``None`` or ``""``: the norm's default); a ValueError if none.
 
     ``norm=None`` with an ``init`` that names a method of :data:`METHODS` (``"skipinit"``, ``"he"``) is that
-    method; ``norm=None`` otherwise means ``"fixup"``.
+    method; ``norm=None`` otherwise means ``"fixup"``. A norm given with a method name of another normalisation
+    (``norm="batchnorm", init="rezero"``) is a contradiction: the error names the method's own norm.
     """
     if norm is None and init and _ALIASES.get(init, init) in METHODS:
         method = METHODS[_ALIASES.get(init, init)]
@@ -213,6 +214,13 @@ def resolve_method(norm: str | None = "fixup", init: str | None = None, *,
         raise ValueError(f"unknown norm={norm!r}; the combinations that exist are: {_combinations()}")
     key = init or DEFAULT_INIT[norm]
     method = next((m for m in _ALL if m.norm == norm and m.init == key), None)
+    named = METHODS.get(_ALIASES.get(key, key))
+    if method is None and named is not None and named.norm == norm:  # init names the method itself ("batchnorm")
+        method = named
+    if method is None and named is not None:  # a method name with another normalisation: a real contradiction
+        raise ValueError(f"init={init!r} is the method {named.name!r}, which has norm={named.norm!r}, not "
+                         f"norm={norm!r}; leave the norm out (the method name alone "
+                         f"selects it: `fixup train --init {named.name}`) or give norm={named.norm!r}")
     if method is None:
         raise ValueError(f"init={init!r} does not combine with norm={norm!r}; the combinations that exist are: "
                          f"{_combinations()}")

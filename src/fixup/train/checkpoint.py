@@ -30,6 +30,7 @@ import torch
 
 from .._io import atomic_write
 from .config import RESUMABLE_CHANGES, TrainConfig, flatten
+from .recipe import apply_recipe
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointWarning", "check_compatible", "get_rng_state", "load_checkpoint",
            "previous_path", "read_state", "resume_state", "save_checkpoint", "set_rng_state", "state_digest"]
@@ -195,7 +196,9 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str |
     except ValueError as err:
         raise CheckpointError(f"checkpoint {path} holds a config this version cannot read ({err}); use another "
                               "--out-dir or --no-resume") from err
-    saved = {**{k: v for k, v in flatten(TrainConfig().to_dict()).items() if k not in saved}, **saved}
+    # the defaults as the engine runs them (clip="auto" -> norm: what a run did before the option existed)
+    defaults = flatten(apply_recipe(TrainConfig().validate())[0].to_dict())
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     keys = (set(saved) | set(current)) - RESUMABLE_CHANGES
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
+from ..method import resolve_method
 from .config import SECTIONS, TrainConfig
 
 __all__ = ["config_from_args", "register"]
@@ -100,6 +101,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for key in ("betas", "milestones"):
         if key in changes:
             changes[key] = tuple(changes[key])
+    if "init" in changes and "norm" not in changes:  # --init METHOD alone: the method's own norm, over --config's
+        try:
+            resolve_method(base.norm or None, changes["init"] or None)
+        except ValueError:
+            changes["norm"] = ""
     return base.replace(**changes)
 
 
@@ -138,6 +144,7 @@ def _train(args: argparse.Namespace) -> int:
     groups = "; ".join(f"{g['name']}: {g['count']} tensors, lr {g['lr']:g}, weight decay {g['weight_decay']:g}"
                        for g in result.param_groups)
     print(f"parameter groups: {groups}")
+    print("recipe: " + "; ".join(result.recipe.get("notes", [])))
     if args.out_dir:
         print(f"run folder: {args.out_dir} (parameters of each group in run.json)")
     if args.json:

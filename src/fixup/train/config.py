@@ -10,6 +10,7 @@ out). Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import typing
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._devices import check_device_name
+from ..method import resolve_method
 
 __all__ = ["CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS", "DataOptions",
            "ImageOptions", "ModelOptions", "OptimisationOptions", "RegularisationOptions", "RunOptions", "TrainConfig",
@@ -26,7 +28,7 @@ __all__ = ["CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES"
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
-CLIPS = ("norm", "agc", "none")
+CLIPS = ("auto", "norm", "agc", "none")
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
@@ -89,8 +91,8 @@ class ModelOptions:
     adapt: str = ""  # module:factory of a user's model: fixup.adapt-ed under norm fixup, else as built ("" = model)
     depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
     width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
-    norm: str = "fixup"  # fixup | batchnorm | groupnorm | layernorm | none
-    init: str = ""  # initialisation or ablation for the chosen norm ("" = the norm's default)
+    norm: str = ""  # fixup | batchnorm | groupnorm | layernorm | none ("" = the method init names, else fixup)
+    init: str = ""  # a method of fixup.METHODS (rezero, nf_resnet, ...) or an init of the norm ("" = its default)
 
 
 @dataclass
@@ -136,8 +138,9 @@ class OptimisationOptions:
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
     # Global-norm clipping at 1.0 by default: without normalisation a run at lr 0.1 can blow up after its loss has
     # fallen (docs/training.md, "Gradient clipping"); the studies and the translation recipes set grad_clip 0, the
-    # protocol of their figures. agc: Brock et al. 2021, section 4.1 (fixup.adaptive_clip_grad_).
-    clip: str = "norm"  # gradient clipping: norm (the global norm, to grad_clip) | agc (unit-wise, agc_clipping) | none
+    # protocol of their figures. agc: Brock et al. 2021, section 4.1 (fixup.adaptive_clip_grad_). auto: the
+    # method's own recipe (Method.clip: agc for nf_resnet), else norm; fixup.train.recipe resolves it.
+    clip: str = "auto"  # gradient clipping: auto (the method's) | norm (global, to grad_clip) | agc (unit-wise) | none
     grad_clip: float = 1.0  # clip the global gradient norm to this, 0 = off (clip agc: the zero-started tensors')
     agc_clipping: float = 0.01  # clip agc: lambda, the largest ratio of a unit's gradient norm to its weight norm
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
@@ -214,8 +217,14 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
         return dataclasses.replace(self, **changes).validate()
 
     def validate(self) -> TrainConfig:
-        """Check every value the engine interprets; return ``self`` so calls can be chained."""
+        """Check every value the engine interprets; return ``self`` so calls can be chained.
+
+        An empty ``norm`` is filled (here and on construction) from ``init`` (``init="rezero"`` -> ``norm="none"``;
+        neither -> ``"fixup"``), so the rest of the code reads a concrete norm; a norm that contradicts the method
+        ``init`` names (``norm="batchnorm", init="rezero"``) is an error that names the method's own norm.
+        """
         check_types(self)
+        self._resolve_method()
         floats = [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), float)]
         for name in [*floats, "betas", "milestones"]:
             values = getattr(self, name)
@@ -275,6 +284,16 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             raise ValueError("schedule='inverse_sqrt' needs warmup_steps > 0 (the step where the lr peaks), "
                              "e.g. --warmup-steps 4000 as in Vaswani et al. (2017), section 5.3")
         return self
+
+    def __post_init__(self) -> None:
+        with contextlib.suppress(ValueError, TypeError):  # an init that names no method: validate() says so
+            self._resolve_method()
+
+    def _resolve_method(self) -> None:
+        """Fill an empty ``norm`` from the method ``init`` names; a contradiction is a ValueError naming the fix."""
+        method = resolve_method(self.norm or None, self.init or None)
+        if not self.norm:
+            self.norm, self.init = method.norm, method.init if self.init else ""
 
     @property
     def effective_lr(self) -> float:

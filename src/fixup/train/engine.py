@@ -2,7 +2,8 @@
 
 One loop serves every task (see :mod:`fixup.train.task` for what a task supplies). Per optimiser step:
 forward under autocast when asked, divergence check (a non-finite loss, or one above ``max_loss``,
-ends the run as a recorded outcome), backward, optional gradient clipping, the optimiser, the
+ends the run as a recorded outcome), backward, gradient clipping (``clip="auto"``: the method's own recipe, e.g.
+AGC for NF-ResNets; :mod:`fixup.train.recipe`), the optimiser, the
 per-step schedule and the collapse watch (a network with no live unit for ``collapse_patience`` steps
 ends as ``collapsed``; see :mod:`fixup.train.collapse`). Per epoch: metrics reduced over processes,
 evaluation, the distribution of the method's scalars (:mod:`fixup.train.scalars`; also once at
@@ -45,6 +46,7 @@ from .checkpoint import (
 from .collapse import CollapseWatch
 from .config import TrainConfig
 from .optim import build_optimizer, build_scheduler
+from .recipe import Recipe, apply_recipe
 from .result import Outcome, TrainResult
 from .runlog import RunLog
 from .scalars import scalar_stats
@@ -125,18 +127,18 @@ def fit(config: TrainConfig, *, out_dir: str | Path | None = None, task: Task | 
     interruption are outcomes in the result, not exceptions. A run folder holding a
     checkpoint is resumed (``config.resume``); one whose run already ended returns that result.
     """
-    config.validate()
+    config, recipe = apply_recipe(config.validate())  # clip="auto" -> the method's clipping (recorded with why)
     runtime = D.setup(config.device)
     try:
-        return _Run(config, out_dir, task, progress, on_step, runtime).run()
+        return _Run(config, out_dir, task, progress, on_step, runtime, recipe).run()
     finally:
         D.teardown(runtime)
 
 
 class _Run:
     def __init__(self, config: TrainConfig, out_dir: str | Path | None, task: Task | None, progress: bool,
-                 on_step: Callable[[StepInfo], bool | None] | None, runtime: D.Runtime) -> None:
-        self.config, self.runtime, self.on_step = config, runtime, on_step
+                 on_step: Callable[[StepInfo], bool | None] | None, runtime: D.Runtime, recipe: Recipe) -> None:
+        self.config, self.runtime, self.on_step, self.recipe = config, runtime, on_step, recipe
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress and runtime.is_main
         _seed_everything(config.seed)
@@ -257,7 +259,8 @@ class _Run:
         run_info = {"task": self.task.describe(), "param_groups": self.groups,
                     "world_size": self.runtime.shard.world_size,
                     "device": str(self.runtime.device), "steps_per_epoch": self.steps_per_epoch,
-                    "total_steps": self.total, "parameters": sum(p.numel() for p in self.model.parameters())}
+                    "total_steps": self.total, "parameters": sum(p.numel() for p in self.model.parameters()),
+                    "recipe": self.recipe.to_dict()}
         report = getattr(self.model, "init_report", None)
         if report is not None:
             run_info["init_report"] = report.to_dict()
@@ -270,7 +273,7 @@ class _Run:
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
                                  None if self.out_dir is None else str(self.out_dir), self.model,
                                  already_ended=self.already_ended, stopped_by=self.stopped_by,
-                                 scalars=self.scalars)
+                                 scalars=self.scalars, recipe=self.recipe.to_dict())
             log.write_history(self.history)
             log.write_scalars(self.scalars)
             log.write_result(result.to_dict())

@@ -69,6 +69,8 @@ class TrainResult:
     # Per finished epoch, and at initialisation (epoch 0), the distribution of the method's scalars per kind and
     # stage: {"epoch", "step", "scalars": [{"kind", "stage", "count", "mean", ...}]} (fixup.train.scalars).
     scalars: list[dict[str, Any]] = field(default_factory=list)
+    # What the engine applied of the method's own recipe and why (fixup.train.recipe.Recipe.to_dict()).
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -90,4 +92,4 @@ class TrainResult:
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": self.outcome.to_dict(), "final": self.final, "history": self.history,
                 "config": self.config, "param_groups": self.param_groups, "task": self.task, "out_dir": self.out_dir,
-                "scalars": self.scalars}
+                "scalars": self.scalars, "recipe": self.recipe}

@@ -1,0 +1,92 @@
+"""A method's own training recipe, applied by the engine where the config leaves the choice to the method.
+
+A :class:`fixup.Method` row may prescribe part of how it is trained: ``Method.clip`` (NF-ResNets: adaptive
+gradient clipping, Brock et al. 2021b, section 4.1) and ``Method.warmup`` (T-Fixup trains without warm-up,
+Huang et al. 2020, section 3). :func:`apply_recipe` turns a config into the one the engine runs: ``clip="auto"``
+(the default) becomes the method's clipping, or the engine's global-norm clipping where the method prescribes
+none; an explicit ``clip`` wins. The :class:`Recipe` says what was applied and why; the run log (run.json) and
+the result (``TrainResult.recipe``) carry it. :func:`recipe_defaults` gives a recipe's starting values (the
+translation recipes) what the method changes in them, so that only options given explicitly override the method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..method import Method, resolve_method
+from .config import TrainConfig
+
+__all__ = ["Recipe", "apply_recipe", "recipe_defaults"]
+
+_CLIP_SOURCES = {"agc": "adaptive gradient clipping (Brock et al. 2021b, section 4.1; fixup.adaptive_clip_grad_)"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the engine applied of the method's recipe, and why (JSON-able with :meth:`to_dict`)."""
+
+    method: str  # the method of fixup.METHODS the config resolves to
+    clip: str  # the gradient clipping the engine applies: norm | agc | none
+    clip_from: str  # "method" (its recipe), "explicit" (the config's clip) or "default" (the engine's, clip=auto)
+    warmup_steps: int  # the warm-up the run has
+    warmup_from: str  # "method" (its recipe has none) or "explicit" (the config's warmup_steps)
+    notes: tuple[str, ...]  # one sentence per choice: what was applied and why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "notes": list(self.notes)}
+
+
+def config_method(config: TrainConfig) -> Method:
+    """The :class:`fixup.Method` a (validated) config trains with."""
+    return resolve_method(config.norm or None, config.init or None)
+
+
+def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
+    """The config the engine runs (``clip`` made concrete) and the :class:`Recipe` saying what was applied and why."""
+    method = config_method(config)
+    name = method.name
+    if config.clip == "auto" and method.clip:
+        clip, clip_from = method.clip, "method"
+        clip_note = f"clip={clip}: {name}'s recipe, {_CLIP_SOURCES[clip]} (clip=auto)"
+    elif config.clip == "auto":
+        clip, clip_from = "norm", "default"
+        clip_note = (f"clip=norm at {config.grad_clip:g}: the engine's default; {name}'s recipe prescribes no clipping"
+                     + (" (grad_clip=0: off)" if not config.grad_clip else ""))
+    else:
+        clip, clip_from = config.clip, "explicit"
+        clip_note = f"clip={clip}: set explicitly" + (
+            f", in place of {name}'s recipe ({method.clip})" if method.clip and method.clip != clip else "")
+    if method.warmup:
+        warm_from, warm_note = "explicit", f"warmup_steps={config.warmup_steps}: as configured"
+    elif config.warmup_steps:
+        warm_from = "explicit"
+        warm_note = f"warmup_steps={config.warmup_steps}: set explicitly, although {name}'s recipe has no warm-up"
+    else:
+        warm_from, warm_note = "method", f"no warm-up: {name}'s recipe"
+    recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note))
+    return config.replace(clip=clip), recipe
+
+
+def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A task recipe's starting values ``base`` as the method of ``base`` + ``given`` would have them.
+
+    ``given`` are the options set explicitly; they keep their values (the caller merges them over the result).
+    For a method whose recipe has no warm-up (``t_fixup``), the base's warm-up goes, and an ``inverse_sqrt``
+    schedule (which needs one) becomes ``constant``: the post-warm-up rate from the first step, which is T-Fixup's
+    rate until its inverse square-root decay would start (4,000 updates in the authors' IWSLT recipe).
+    """
+    out = dict(base)
+    if "norm" not in given and "init" in given:  # a method name given alone selects its own normalisation
+        try:
+            resolve_method(out.get("norm") or None, given["init"] or None)
+        except ValueError:
+            out.pop("norm", None)
+    merged = {**out, **given}
+    method = resolve_method(merged.get("norm") or None, merged.get("init") or None)
+    if not method.warmup and "warmup_steps" not in given:
+        out["warmup_steps"] = 0
+        if out.get("schedule") == "inverse_sqrt" and "schedule" not in given:
+            out["schedule"] = "constant"
+    return out
