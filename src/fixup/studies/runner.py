@@ -19,6 +19,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from .._io import full_disk_error
 from .cells import Cell, CellFn, Task
 from .store import Store
 
@@ -94,7 +95,10 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None,
     try:
         work = store.start(cell)
         result = fn(cell, work)
-    except Exception:  # a bug in a cell is recorded and the other cells go on
+    except Exception as err:  # a bug in a cell is recorded and the other cells go on
+        full = full_disk_error(err)
+        if full is not None:  # not the cell's bug: every cell would meet it, so the run stops (and resumes later)
+            raise full from (None if full is err else err)
         error = traceback.format_exc()
         store.fail(cell, error)
         return cell.key, time.perf_counter() - start, error, store.problems
@@ -174,7 +178,8 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
 
     ``jobs`` > 1 runs cells in that many worker processes (spawned, each with
     ``cpu_count // jobs`` torch threads). A cell whose function raises is recorded as failed (its
-    traceback in ``cell_error.json``) and retried by the next run; the other cells go on.
+    traceback in ``cell_error.json``) and retried by the next run; the other cells go on. A full disk
+    (:func:`fixup._io.full_disk_error`) stops the run instead: its :class:`OSError` is raised here.
     ``seconds_per_cost`` is the ETA's prior until the first cell finishes. ``order`` (see :func:`in_order`):
     None runs one job in plan order and several longest first.
     """
