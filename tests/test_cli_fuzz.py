@@ -150,7 +150,7 @@ OVERRIDES: dict[tuple[str, ...], str] = {
     ("lab", "probe"): "required: model",
     ("inspect",): "give a registered model name",
     (): "required: COMMAND",
-    ("--nosuch",): "required: COMMAND",  # argparse asks for the missing command before the stray option
+    ("--nosuch",): "unknown option --nosuch",  # named, where argparse would ask for the missing command
     ("train", "--resume", "yes"): "unrecognized arguments: yes",  # a switch given a value
 }
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d+(?:\.\d+)?(?:e[+-]?\d+)?|nan|inf)(?!\w)")
