@@ -216,3 +216,21 @@ def test_a_study_stops_on_a_full_disk_instead_of_recording_a_cell_bug(tmp_path: 
     disk_fills_on(None)
     summary = run_tasks(tasks, root, jobs=1)
     assert not summary.failed and all(store.is_done(t.cell) for t in tasks)
+
+
+def wrapped_full_disk_cell(cell: Cell, work: Path) -> dict:
+    """A cell whose disk is full, as torch reports it (the write's OSError wrapped in a RuntimeError)."""
+    if cell.setting["x"] == 0:
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as err:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from err
+    return {"value": 1}
+
+
+def test_parallel_workers_stop_the_study_on_a_full_disk_too(tmp_path: Path) -> None:
+    tasks = [Task(Cell("fake", "m", {"x": x}, 0), wrapped_full_disk_cell) for x in range(2)]
+    with pytest.raises(OSError) as caught:
+        run_tasks(tasks, tmp_path / "store", jobs=2)
+    assert caught.value.errno == errno.ENOSPC
+    assert not list((tmp_path / "store").rglob("cell_error.json"))
