@@ -146,7 +146,8 @@ class TranslationGrid:
     """Fixup against LayerNorm on a translation task, dropout chosen per method on the validation set."""
 
     model: str = "transformer_iwslt_de_en"
-    methods: tuple[str, ...] = ("fixup", "layernorm")
+    # t_fixup: T-Fixup (Huang et al. 2020) as a further row, trained by its own recipe (no warm-up)
+    methods: tuple[str, ...] = ("fixup", "layernorm", "t_fixup")
     dropouts: tuple[float, ...] = paper.DROPOUT_GRID
     max_updates: int = 200_000
     warmup_steps: int = 4000  # inverse square-root schedule (fairseq's IWSLT recipe)
@@ -228,12 +229,17 @@ _QUICK = dict(
     # 300 updates of 1,024 tokens (a quarter of the tiny recipe's 600 x 2,048, after which the task plateaus):
     # seed 0 gave Fixup 26.0, LayerNorm 42.8 BLEU; with 2,048 the five seeds gave 54.0 and 68.9; at 150 updates
     # of 2,048 Fixup had not started (0.8). A cell took 48 s of one core (cost_per_cell, in the image unit).
-    translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1,), max_updates=300, warmup_steps=100,
+    translation=TranslationGrid(model="transformer_tiny", methods=("fixup", "layernorm"),  # no T-Fixup: 8 minutes
+                                dropouts=(0.1,), max_updates=300, warmup_steps=100,
                                 lr=3e-3, max_tokens=1024, beam=1, cost_per_cell=1.2e6, seeds=5,
                                 extra={"synthetic_train": 8000, "synthetic_eval": 200, "vocab_size": 500}),
     theory=TheoryGrid(measured_depths=(8, 20, 56, 110), measured_methods=("fixup", "fixup_no_depth_scale", "he"),
                       measured_step=10),
 )
+
+# A plateau translation cell in the image cells' unit (the quick cell: 48 s of one core for 1.2e6): about 190 s of
+# one core (150 s for the tiny recipe's run with beam 4, docs/translation.md, and 12 evaluations of ~3 s), x 25,000.
+COST_PLATEAU_CELL = 4.8e6
 
 # The deep tier: the two headline experiments the quick run cannot resolve, at the scale that can, on CPU.
 # Figure 3 at the paper's four depths with every method, n=3, on digits at batch 32 (45 steps an epoch, as in the
@@ -250,9 +256,17 @@ _DEEP = dict(
     depth=DepthGrid(depths=(10, 100, 1000, 10000), batch_size=32, batch_size_10000=32, collapse_patience=5,
                     methods=("fixup", "batchnorm", "fixup_paper", "lsuv", "sqrt2", "he", "skipinit", "rezero",
                              "nf_resnet")),
-    translation=TranslationGrid(model="transformer_tiny", dropouts=paper.DROPOUT_GRID, max_updates=600,
-                                warmup_steps=100, lr=3e-3, max_tokens=2048, beam=1, cost_per_cell=4.8e6, seeds=5,
-                                extra={"synthetic_train": 8000, "synthetic_eval": 200, "vocab_size": 500}),
+    # Translation at its plateau: `fixup translate`'s tiny recipe (transformer_tiny, 600 updates of 2,048 tokens,
+    # 100 warm-up steps, peak rate 3e-3, the generated task's 30,000 training pairs, vocabularies of 1,000), after
+    # which both methods plateau (docs/translation.md); the paper's dropout search (0.3-0.6, chosen on validation NLL
+    # per method), n=5, beam 5 on the 1,000 test sentences. Learning curves: validation NLL and greedy BLEU on 200
+    # validation sentences every 50 updates of the same runs (eval_updates: the training is unchanged).
+    # cost_per_cell: see COST_PLATEAU_CELL.
+    translation=TranslationGrid(model="transformer_tiny", methods=("fixup", "layernorm", "t_fixup"),
+                                dropouts=paper.DROPOUT_GRID, max_updates=600,
+                                warmup_steps=100, lr=3e-3, max_tokens=2048, beam=5, cost_per_cell=COST_PLATEAU_CELL,
+                                seeds=5, extra={"synthetic_train": 30000, "synthetic_eval": 1000, "vocab_size": 1000,
+                                                "bleu_limit": 200, "eval_updates": 50}),
 )
 
 _TINY = dict(
@@ -266,7 +280,8 @@ _TINY = dict(
                                       regularisers=("none", "mixup+cutout"), batch_size=64, epochs=1, cutout=3,
                                       he_lr_search=(0.1, 0.01), he_search_epochs=1, wrn_depth=10, wrn_width=1,
                                       wrn_epochs=1),
-    translation=TranslationGrid(model="transformer_tiny", dropouts=(0.1,), max_updates=6, warmup_steps=2, lr=1e-3,
+    translation=TranslationGrid(model="transformer_tiny", methods=("fixup", "layernorm"),
+                                dropouts=(0.1,), max_updates=6, warmup_steps=2, lr=1e-3,
                                 max_tokens=512, beam=1, cost_per_cell=1e5,
                                 extra={"synthetic_train": 200, "synthetic_eval": 40, "vocab_size": 200,
                                        "model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 1,

@@ -16,7 +16,7 @@ from typing import Any
 from .._plotting import pyplot
 from .evidence import Cells
 
-__all__ = ["plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_loglog"]
+__all__ = ["plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_learning_curves", "plot_loglog"]
 
 _MARKERS = {"diverged": "x", "collapsed": "v"}
 
@@ -104,6 +104,33 @@ def plot_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], ylabel: str, 
     ax.set_xlabel("epoch")
     ax.set_ylabel(ylabel + " (mean ± std over seeds)")
     ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
+
+
+def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], panels: Mapping[str, str],
+                         path: Path) -> Path:
+    """One panel per metric (``panels``: key -> axis label) against updates: the mean over seeds as a line, ± std
+    as a band. ``curves[series]`` is a list of ``{"step": s, key: Cells dict, ...}`` (the translation study's).
+    A point where some seeds failed or had no value keeps its n of planned in the data file and in the legend."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    drawn: dict[str, Any] = {"x": "updates", "panels": dict(panels), "series": {}}
+    for i, (name, points) in enumerate(curves.items()):
+        drawn["series"][name] = {}
+        for ax, (key, ylabel) in zip(axes[0], panels.items()):
+            pts = [{"step": int(p["step"]), **_point(Cells.from_dict(p[key]), 1.0)} for p in points if key in p]
+            good = [p for p in pts if p["mean"] is not None]
+            x = [p["step"] for p in good]
+            mean = [p["mean"] for p in good]
+            std = [p["std"] or 0.0 for p in good]
+            ax.plot(x, mean, color=f"C{i % 10}", marker="o", ms=2.5, label=f"{name} ({_n_label(pts)})")
+            ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=f"C{i % 10}", alpha=0.2, lw=0)
+            ax.set_xlabel("updates")
+            ax.set_ylabel(f"{ylabel} (mean ± std over seeds)")
+            drawn["series"][name][key] = pts
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     return _save(fig, path, drawn)
 
 

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..method import as_method
 from . import paper
 from .base import Plan, Study
 from .cells import Cell, Task
@@ -24,7 +25,7 @@ from .store import Store
 
 __all__ = ["STUDY"]
 
-LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm"}
+LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm", "t_fixup": "T-Fixup"}
 
 
 def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
@@ -44,7 +45,13 @@ def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
             "test_bleu": None if diverged else summary["bleu"]["bleu"],
             "valid_nll": None if diverged else _finite(final.get("test_nll")),
             "copy_bleu": summary.get("copy_bleu"), "word_for_word_bleu": summary.get("word_for_word_bleu"),
-            "bleu_signature": summary["bleu"]["signature"]}
+            "bleu_signature": summary["bleu"]["signature"], "curve": _curve_of(summary["history"])}
+
+
+def _curve_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's evaluations: validation NLL (and greedy validation BLEU where the task computed it) by update."""
+    return [{"step": r["step"], "valid_nll": _finite(r.get("test_nll")), "valid_bleu": _finite(r.get("valid_bleu"))}
+            for r in history if "test_nll" in r]
 
 
 def _finite(v: Any) -> float | None:
@@ -58,15 +65,22 @@ def plan(grid: Grid, store: Store) -> Plan:
         for dropout in g.dropouts:
             for seed in range(_seeds(grid)):
                 extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
-                train = {"model": g.model, "norm": method, "dropout": dropout, "seed": seed, "device": grid.device,
-                         "max_updates": g.max_updates, "warmup_steps": g.warmup_steps, "lr": g.lr,
-                         "checkpoint": True, "extra": extra}
+                train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed,
+                         "device": grid.device, "max_updates": g.max_updates, "warmup_steps": g.warmup_steps,
+                         "lr": g.lr, "checkpoint": True, "extra": extra}
+                if not as_method(method).warmup:  # T-Fixup: its recipe has no warm-up (fixup.train.recipe)
+                    del train["warmup_steps"]
                 if g.data_dir:
                     train["data_dir"] = g.data_dir
                 cell = Cell("translation", method, {"dropout": dropout}, seed, cost=g.cost_per_cell,
                             config={"train": train, "beam": g.beam})
                 tasks.append(Task(cell, run_cell))
     return Plan(tasks)
+
+
+def _method_args(method: str) -> dict[str, str]:
+    """The norms by their name (the cells as before); a further method by its name alone (its own norm and recipe)."""
+    return {"norm": method} if as_method(method).norm == method else {"init": as_method(method).name}
 
 
 def _seeds(grid: Grid) -> int:
@@ -96,7 +110,7 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             "valid_nll": cells_from_results(results, planned, lambda r: r.get("valid_nll")).to_dict(),
             "runs": sorted(({"seed": r["seed"], "outcome": outcome_of(r["result"]),
                              "test_bleu": r["result"].get("test_bleu")} for r in recs), key=lambda x: x["seed"]),
-            "distribution": _distribution(bleu)}
+            "distribution": _distribution(bleu), "curve": _curves(results, planned)}
         first = results[0]
         reference = {"copy_bleu": first.get("copy_bleu"), "word_for_word_bleu": first.get("word_for_word_bleu")}
     chosen = {}
@@ -107,6 +121,19 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             chosen[method] = {"dropout": float(d), **row[d]}
     return {"table": table, "chosen": chosen, "reference": reference, "planned_seeds": planned,
             "scale": _protocol(grid).describe()}
+
+
+def _curves(results: list[dict[str, Any]], planned: int) -> list[dict[str, Any]]:
+    """Validation NLL and greedy validation BLEU over seeds at every evaluated update (a run that failed counts as
+    failed at every point; one without a point there counts as having no value)."""
+    def at(step: int, key: str) -> Cells:
+        def value(r: dict[str, Any]) -> float | None:
+            return next((p[key] for p in r.get("curve") or [] if p["step"] == step), None)
+        return cells_from_results(results, planned, value)
+
+    steps = sorted({p["step"] for r in results for p in r.get("curve") or []})
+    return [{"step": s, "valid_nll": at(s, "valid_nll").to_dict(), "valid_bleu": at(s, "valid_bleu").to_dict()}
+            for s in steps]
 
 
 def _distribution(c: Cells) -> dict[str, Any]:
@@ -182,11 +209,29 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     dropout = (f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
                if searched and fxe and lne else f"one dropout ({grid.translation.dropouts[0]:g}), no search")
     ours = (f"test BLEU Fixup {_bleu_text(fx, dist['fixup'])} vs LayerNorm {_bleu_text(ln, dist['layernorm'])}; "
-            f"LayerNorm - Fixup {gap:.2f} ± {ci:.2f} (95%); {dropout}")
+            f"LayerNorm - Fixup {gap:.2f} ± {ci:.2f} (95%); {dropout}" + _further_rows(summary, grid, ln, floor))
     return [ClaimRow.judged("translation_iwslt", ours, proto, j,
                             "holds if both beat the copy and word-for-word reference BLEU and the 95% interval of "
                             f"LayerNorm's BLEU minus Fixup's lies below {EQUIVALENCE_BLEU:g} point, with the same "
                             "dropout chosen for both where dropout is searched")]
+
+
+def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) -> str:
+    """Each further method of the grid (T-Fixup) against LayerNorm by the claim's rule, as text for its row."""
+    texts = []
+    for method in (m for m in grid.translation.methods if m not in ("fixup", "layernorm")):
+        e, label = summary["chosen"].get(method), LABELS.get(method, method)
+        c = Cells.from_dict(e["test_bleu"]) if e else Cells(_seeds(grid))
+        bleu = _bleu_text(c, (e or {}).get("distribution") or _distribution(c))
+        if not all(x.stat.mean is not None and x.stat.mean > floor for x in (c, ln)):
+            texts.append(f"{label} {bleu}: a system does not beat the reference BLEU ({floor:.2f})")
+            continue
+        ci, gap = ci_halfwidth(ln, c), ln.stat.mean - c.stat.mean
+        verdict = ("within" if gap + ci < EQUIVALENCE_BLEU else "beyond" if gap - ci > EQUIVALENCE_BLEU else
+                   "undecided against")
+        texts.append(f"{label} {bleu} (dropout {e['dropout']:g}): LayerNorm - {label} {gap:.2f} ± {ci:.2f} (95%), "
+                     f"{verdict} {EQUIVALENCE_BLEU:g} BLEU by the same rule")
+    return "".join(f"; further row: {t}" for t in texts)
 
 
 def markdown(summary: dict[str, Any], grid: Grid) -> str:
@@ -207,17 +252,46 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
             text = "not run" if e is None else _bleu_text(Cells.from_dict(e["test_bleu"]), e["distribution"])
             cells.append(f"**{text}**" if e is not None and chosen == float(d) else text)
         lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _curve_markdown(summary, grid))
+
+
+def _curve_markdown(summary: dict[str, Any], grid: Grid) -> list[str]:
+    """The learning curves at each method's chosen dropout, as a table (updates by rows)."""
+    chosen = {m: e for m, e in summary["chosen"].items() if len(e.get("curve") or []) > 1}
+    if not chosen:
+        return []
+    extra = grid.translation.extra
+    names = [LABELS.get(m, m) for m in chosen]
+    lines = ["", f"Learning curves at each method's chosen dropout, mean ± std over seeds (n per cell): validation "
+             f"NLL per token on the whole validation split and greedy BLEU on its first {extra.get('bleu_limit', 0)} "
+             f"sentences, evaluated every {extra.get('eval_updates', 0)} updates of the same runs (greedy on part of "
+             "the validation split is the cheap signal; the table's BLEU is beam search on the test split).", "",
+             "| updates | " + " | ".join(f"{n} valid BLEU" for n in names) + " | "
+             + " | ".join(f"{n} valid NLL" for n in names) + " |", "|---|" + "---|" * (2 * len(names))]
+    steps = sorted({p["step"] for e in chosen.values() for p in e["curve"]})
+    for step in steps:
+        points = [next((p for p in e["curve"] if p["step"] == step), None) for e in chosen.values()]
+        bleu = [Cells.from_dict(p["valid_bleu"]).format(1) if p else "" for p in points]
+        nll = [Cells.from_dict(p["valid_nll"]).format(3) if p else "" for p in points]
+        lines.append(f"| {step} | " + " | ".join(bleu + nll) + " |")
+    return lines
 
 
 def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
-    from .plots import plot_bars
+    from .plots import plot_bars, plot_learning_curves
 
     if not summary["table"]:
         return []
     groups = {LABELS.get(m, m): {f"dropout {d}": e["test_bleu"] for d, e in row.items()}
               for m, row in summary["table"].items()}
-    return [plot_bars(groups, "test BLEU", folder / "translation.png")]
+    paths = [plot_bars(groups, "test BLEU", folder / "translation.png")]
+    curves = {f"{LABELS.get(m, m)}, dropout {e['dropout']:g}": e["curve"] for m, e in summary["chosen"].items()
+              if len(e.get("curve") or []) > 1}
+    if curves:
+        paths.append(plot_learning_curves(curves, {"valid_bleu": "greedy validation BLEU",
+                                                   "valid_nll": "validation NLL per token"},
+                                          folder / "translation_curves.png"))
+    return paths
 
 
 STUDY = Study("translation", "Translation: Fixup Transformer against LayerNorm (Table 3)", run_cell, plan, summarise,

@@ -1,0 +1,94 @@
+"""The translation study at its plateau (the deep tier) and its learning curves: the grid entry, the curves over
+seeds in the summary, the report's table and figure, and a real cell that returns its curve."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from fixup.studies import make_grid, translation
+from fixup.studies.store import Store
+from fixup.translation.task import RECIPES, translation_config
+
+
+def test_the_deep_tier_runs_the_plateau_recipe_with_the_papers_dropout_search_and_five_seeds(tmp_path):
+    grid = make_grid("deep")
+    g, tiny = grid.translation, RECIPES["tiny"]
+    assert (g.model, g.max_updates, g.warmup_steps, g.lr) == (tiny["model"], tiny["max_updates"],
+                                                              tiny["warmup_steps"], tiny["lr"])
+    assert g.max_tokens == tiny["extra"]["max_tokens"] and g.max_updates * g.max_tokens >= translation.TRAINED_TOKENS
+    assert translation._training_limit(grid) == ""  # a gap at this budget can refute the claim
+    assert g.dropouts == (0.3, 0.4, 0.5, 0.6) and g.seeds == 5 and {"fixup", "layernorm"} <= set(g.methods)
+    assert g.extra["eval_updates"] > 0 and g.extra["bleu_limit"] > 0  # the learning curves are recorded
+    tasks = translation.plan(grid, Store(tmp_path)).tasks
+    assert len(tasks) == len(g.methods) * 4 * 5
+    for t in tasks:
+        config = translation_config(**t.cell.config["train"])  # what the cell trains: a valid config
+        assert config.extra["eval_updates"] == g.extra["eval_updates"] and config.optimizer == "adamw"
+        assert config.dropout == t.cell.setting["dropout"] and config.grad_clip == 0.0
+    # the protocol says how the scalars were trained, from the recipe the cells use
+    row = translation.claims(translation.summarise([], grid), grid)[0]
+    assert row.protocol["scalars"].startswith(f"trained at {translation_config().scalar_lr_mult:g}x the rate")
+
+
+def _record(method: str, dropout: float, seed: int, curve: list[tuple[int, float, float]], *,
+            diverged: bool = False) -> dict:
+    result = {"diverged": diverged, "test_bleu": None if diverged else 90.0 + seed, "valid_nll": 1.0 + dropout,
+              "copy_bleu": 0.0, "word_for_word_bleu": 4.0,
+              "curve": [{"step": s, "valid_nll": nll, "valid_bleu": bleu} for s, nll, bleu in curve]}
+    if diverged:
+        result["outcome"] = "diverged"
+    return {"study": "translation", "method": method, "setting": {"dropout": dropout}, "seed": seed, "config": {},
+            "result": result}
+
+
+@pytest.fixture
+def curves_grid():
+    grid = make_grid("deep")
+    return replace(grid, translation=replace(grid.translation, dropouts=(0.3, 0.5), seeds=3))
+
+
+def test_curves_are_mean_and_std_over_seeds_at_each_update_for_the_chosen_dropout(curves_grid):
+    recs = [_record(m, d, s, [(50, 3.0 - s, 10.0 * s), (100, 2.0 - s / 2, 20.0 + s)]) for m in ("fixup", "layernorm")
+            for d in (0.3, 0.5) for s in range(3)]
+    recs.append(_record("layernorm", 0.3, 3, [(50, 9.0, 0.0)], diverged=True))  # counted failed, not averaged
+    summary = translation.summarise(recs, curves_grid)
+    curve = summary["chosen"]["fixup"]["curve"]
+    assert summary["chosen"]["fixup"]["dropout"] == 0.3  # lower validation NLL
+    assert [p["step"] for p in curve] == [50, 100]
+    assert curve[0]["valid_nll"]["values"] == [3.0, 2.0, 1.0] and curve[1]["valid_bleu"]["values"] == [20.0, 21.0, 22.0]
+    ln = summary["chosen"]["layernorm"]["curve"][0]["valid_bleu"]
+    assert sorted(ln["values"]) == [0.0, 10.0, 20.0] and ln["failed"] == {"diverged": 1}
+    text = translation.markdown(summary, curves_grid)
+    assert "| updates | Fixup valid BLEU | LayerNorm valid BLEU | Fixup valid NLL | LayerNorm valid NLL |" in text
+    assert "| 100 | 21.0 ± 1.0" in text and "every 50 updates" in text and "first 200 sentences" in text
+
+
+def test_the_curve_figure_draws_what_the_summary_says(curves_grid, tmp_path):
+    pytest.importorskip("matplotlib")
+    recs = [_record(m, 0.3, s, [(50, 3.0 + s, 5.0 * s), (100, 2.0, 30.0 + 2 * s)]) for m in ("fixup", "layernorm")
+            for s in range(3)]
+    summary = translation.summarise(recs, replace(curves_grid, translation=replace(curves_grid.translation,
+                                                                                   dropouts=(0.3,))))
+    paths = translation.figures(summary, tmp_path)
+    assert [p.name for p in paths] == ["translation.png", "translation_curves.png"]
+    drawn = json.loads((tmp_path / "translation_curves.data.json").read_text())
+    fixup_bleu = drawn["series"]["Fixup, dropout 0.3"]["valid_bleu"]
+    assert [p["step"] for p in fixup_bleu] == [50, 100]
+    assert [p["mean"] for p in fixup_bleu] == pytest.approx([5.0, 32.0]) and fixup_bleu[1]["n"] == 3
+    assert fixup_bleu[1]["std"] == pytest.approx(2.0)
+    assert drawn["series"]["LayerNorm, dropout 0.3"]["valid_nll"][0]["mean"] == pytest.approx(4.0)
+
+
+def test_a_cell_returns_its_learning_curve(tmp_path):
+    grid = make_grid("tiny")
+    g = grid.translation
+    grid = replace(grid, device="cpu", translation=replace(g, max_updates=6, extra={**g.extra, "bleu_limit": 5,
+                                                                                    "eval_updates": 2}))
+    task = next(t for t in translation.plan(grid, Store(tmp_path / "store")).tasks if t.cell.method == "fixup")
+    result = translation.run_cell(task.cell, tmp_path / "cell")
+    assert [p["step"] for p in result["curve"]] == [2, 4, 6]
+    assert all(p["valid_nll"] > 0 and p["valid_bleu"] is not None for p in result["curve"])
+    assert result["curve"][-1]["valid_nll"] == pytest.approx(result["valid_nll"])  # the last point is the final one
