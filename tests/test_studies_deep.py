@@ -73,3 +73,20 @@ def test_no_verdict_at_a_shallower_depth_while_the_deepest_is_unfinished(grid):
     assert row.verdict == NOT_RUN and "10000 layers" in row.ours
     assert "n=1 of 3" in row.ours and "BatchNorm has no finished cell" in row.why
     assert "depth 10000" in depth.markdown(summary, grid)
+
+
+def test_report_only_reads_the_finished_cells_and_runs_nothing(tmp_path, capsys):
+    from fixup.cli import main
+
+    tiny = make_grid("tiny")
+    store = Store(tmp_path)
+    cells = [t.cell for t in depth.plan(tiny, store).tasks]
+    store.start(cells[0])
+    store.finish(cells[0], {"outcome": "completed", "diverged": False, "test_acc": 0.5}, 12.0)
+    assert main(["study", "depth", "--tiny", "--out", str(tmp_path), "--report-only", "--no-plots"]) == 0
+    assert "report of the cells finished so far" in capsys.readouterr().out
+    report = (tmp_path / "report.md").read_text()
+    assert "1 cells finished in all, 12s of cell time" in report and "50.0" in report
+    assert len(store.records("depth")) == 1  # nothing ran
+    assert main(["study", "depth", "--tiny", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
+    assert "holds no cells" in capsys.readouterr().err

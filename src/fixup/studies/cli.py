@@ -44,6 +44,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
     p.add_argument("--plan", action="store_true", help="list the cells and the expected duration, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report of the cells finished so far and run nothing (works while a run goes on)")
     p.add_argument("--dry-run", action="store_true",
                    help="list every cell, the data it reads and its GPU hours under a stated throughput model; "
                         "run nothing (for --full)")
@@ -105,6 +107,8 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     store = Store(out)
     if args.dry_run:
         return _dry_run(grid, store, studies)
+    if args.report_only:
+        return _report_only(args, studies, grid, out)
     try:
         with store.lock("fixup " + shlex.join(sys.argv[1:])):
             return _run_locked(args, studies, grid, out, store)
@@ -163,6 +167,21 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
         for key in result.failed:
             print(f"  {key}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _report_only(args: argparse.Namespace, studies: list[str], grid: Any, out: str) -> int:
+    from .report import claim_rows
+    from .reproduce import reproduce
+
+    if not Path(out, "cells").is_dir():
+        raise FileNotFoundError(f"{out} holds no cells: give the --out of a run (and its mode) to --report-only")
+    result = reproduce(grid, out, studies=studies, plots=not args.no_plots, run=False,
+                       command="fixup " + shlex.join(sys.argv[1:]))
+    print(f"report of the cells finished so far: {result.report}\nresults: {result.results}")
+    for row in claim_rows(result.outputs, grid.skipped):
+        if row.scale:
+            print(f"  {row.verdict:38s} {row.claim}")
     return 0
 
 

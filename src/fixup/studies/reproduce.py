@@ -49,13 +49,18 @@ def plan_all(grid: Grid, store: Store, studies: Sequence[Study]) -> tuple[list[T
 
 def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = None, jobs: int = 1,
               progress: ProgressFn | None = None, plots: bool = True, seconds_per_cost: float | None = None,
-              command: str = "") -> ReproduceResult:
+              command: str = "", run: bool = True) -> ReproduceResult:
     """Run ``studies`` (default: every study the grid's mode includes) on ``grid`` into ``out``.
 
     The run holds ``out``'s lock throughout (:meth:`fixup.studies.store.Store.lock`): a second run on the
-    same folder raises :class:`fixup.studies.store.StoreLockedError`, naming the holder.
+    same folder raises :class:`fixup.studies.store.StoreLockedError`, naming the holder. ``run=False`` runs
+    no cell and writes the report of the cells finished so far, without the lock (it only reads finished
+    cells, which are written atomically): a run of many hours can be read while it goes on.
     """
     store = Store(out)
+    if not run:
+        return _reproduce(grid, Path(out), store, studies=studies, jobs=jobs, progress=progress, plots=plots,
+                          seconds_per_cost=seconds_per_cost, command=command, run=False)
     with store.lock(command):
         return _reproduce(grid, Path(out), store, studies=studies, jobs=jobs, progress=progress, plots=plots,
                           seconds_per_cost=seconds_per_cost, command=command)
@@ -63,15 +68,15 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
 
 def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | None, jobs: int,
                progress: ProgressFn | None, plots: bool, seconds_per_cost: float | None,
-               command: str) -> ReproduceResult:
+               command: str, run: bool = True) -> ReproduceResult:
     chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
     problems: list[str] = []
     write_json(out / "grid.json", grid.to_dict())
     start = time.perf_counter()
-    done_before = run = resumed = 0
+    done_before = ran = resumed = 0
     failed: dict[str, str] = {}
     seen: set[str] = set()
-    while True:
+    while run:
         tasks, waiting = plan_all(grid, store, chosen)
         new = [t for t in tasks if t.cell.key not in seen]
         if not new:
@@ -88,7 +93,7 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
         summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost,
                             order=grid.order)
         seconds_per_cost = summary.seconds_per_cost or seconds_per_cost  # the next round's ETA prior
-        run += len(summary.ran)
+        ran += len(summary.ran)
         resumed += len(summary.resumed)
         failed.update(summary.failed)
         problems += summary.problems
@@ -98,8 +103,10 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
     figure_dir = out / "figures"
     outputs = {s.name: s.output(store, grid, figure_dir, plots=plots) for s in chosen}
     seconds = time.perf_counter() - start
-    timing = {"seconds": seconds, "cells_run": run, "cells_resumed": resumed, "cells_failed": len(failed)}
+    finished = [r for s in chosen for r in store.records(s.name)]
+    timing = {"seconds": seconds, "cells_run": ran, "cells_resumed": resumed, "cells_failed": len(failed),
+              "cells_finished": len(finished), "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished)}
     report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
                                    command=command, skipped=grid.skipped)
     problems += store.problems  # files found bad while summarising
-    return ReproduceResult(report, results, outputs, failed, seconds, run, resumed, problems)
+    return ReproduceResult(report, results, outputs, failed, seconds, ran, resumed, problems)
