@@ -99,13 +99,13 @@ def test_full_mode_runs_end_to_end_on_real_formats(tmp_path, monkeypatch, capsys
     assert code == 0, capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     assert results["grid"]["data"] == "cifar10" and results["grid"]["data_dir"].endswith("cifar-10-python.tar.gz")
-    assert results["timing"]["cells_run"] == 4 + 2 + 5 and results["timing"]["cells_failed"] == 0
+    assert results["timing"]["cells_run"] == 4 + 2 + 5 + 1 and results["timing"]["cells_failed"] == 0  # + T-Fixup
     depth_cells = results["studies"]["depth"]["methods"]
     assert set(depth_cells) == {"fixup", "batchnorm"}
     for config in _configs(out, "depth"):
         assert config["config"]["train"]["data_dir"].endswith("cifar-10-python.tar.gz")
     table = results["studies"]["translation"]["table"]
-    assert set(table) == {"fixup", "layernorm"}
+    assert set(table) == {"fixup", "layernorm", "t_fixup"}  # T-Fixup's further row, on the real-format files
     config = json.loads(next((out / "cells" / "translation").rglob("cell_config.json")).read_text())
     assert config["config"]["train"]["data_dir"].endswith("iwslt14.de-en")
 
