@@ -28,7 +28,9 @@ LABELS = {"fixup": "Fixup (stream biases budgeted: our default)", "fixup_paper":
           "fixup_batch_scaled": "Fixup, lr scaled with the batch (the authors' script)",
           "fixup_no_stream_bias": "Fixup, no stream bias (rule 3 literally)", "batchnorm": "BatchNorm", "lsuv": "LSUV",
           "sqrt2": "1/sqrt(2)", "he": "He, no normalisation", "fixup_no_depth_scale": "Fixup without rule 2",
-          "fixup_scalars_fixed": "Fixup, scalars held fixed"}
+          "fixup_scalars_fixed": "Fixup, scalars held fixed", "skipinit": "SkipInit (gain at 0)",
+          "rezero": "ReZero (alpha at 0)", "nf_resnet": "NF-ResNet (AGC, its recipe)",
+          "nf_resnet_skipinit": "NF-ResNet with the zero skip gain (AGC)"}
 # Variants of a method that differ only in training options. Every Fixup form trains its scalars at lr/10,
 # as the authors' released CIFAR script (github.com/hongyi-zhang/Fixup, cifar/cifar_train.py) does; the
 # same script scales the weights' rate with the batch (0.1 x batch / 128): `fixup_batch_scaled` runs that.
