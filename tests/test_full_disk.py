@@ -203,6 +203,7 @@ def _depth_cell(seed: int) -> Task:
 def test_a_study_stops_on_a_full_disk_instead_of_recording_a_cell_bug(tmp_path: Path, disk_fills_on,
                                                                       monkeypatch, one_thread) -> None:
     monkeypatch.setattr(_common, "SEGMENT_SECONDS", 0.0)  # a checkpoint after every step
+    monkeypatch.setattr(_common, "SEGMENT_OVERHEAD", 0.0)
     tasks = [_depth_cell(0), _depth_cell(1)]
     root = tmp_path / "store"
     opened = disk_fills_on(2)

@@ -89,6 +89,7 @@ def test_a_long_cell_resumes_from_its_last_segment(tmp_path, monkeypatch):
     whole = _common.train_cell(cell, tmp_path / "whole")
 
     monkeypatch.setattr(_common, "SEGMENT_SECONDS", 0.0)  # a segment per step
+    monkeypatch.setattr(_common, "SEGMENT_OVERHEAD", 0.0)
     calls = []
 
     def dying_fit(*args, **kwargs):
@@ -113,3 +114,21 @@ def test_a_long_cell_resumes_from_its_last_segment(tmp_path, monkeypatch):
     resumed = _common.train_cell(cell, tmp_path / "cut")
     assert steps_run[0] == 3, "the rerun continued after step 2, not from step 0"
     assert resumed["test_acc"] == whole["test_acc"] and resumed["train_loss"] == whole["train_loss"]
+
+
+def test_segments_last_long_enough_that_checkpoints_cost_little(tmp_path, monkeypatch):
+    """A segment lasts SEGMENT_OVERHEAD times the last checkpoint's write and reload: with a huge factor the
+    cell checkpoints once, after its first step, and trains the rest in one segment."""
+    import torch
+
+    from fixup.train import fit as real_fit
+
+    train = {"task": "images", "dataset": "digits", "model": "resnet_cifar", "depth": 8, "norm": "fixup", "seed": 0,
+             "lr": 0.1, "batch_size": 512, "epochs": 1, "device": "cpu", "checkpoint": True}
+    monkeypatch.setattr(_common, "SEGMENT_SECONDS", 0.0)
+    monkeypatch.setattr(_common, "SEGMENT_OVERHEAD", 1e9)
+    calls = []
+    monkeypatch.setattr("fixup.train.fit", lambda *a, **k: calls.append(1) or real_fit(*a, **k))
+    torch.set_num_threads(1)
+    result = _common.train_cell(Cell("depth", "fixup", {"depth": 8}, 0, config={"train": train}), tmp_path)
+    assert result["outcome"] == "completed" and len(calls) == 2
