@@ -73,14 +73,16 @@ def test_ratios_are_medians_of_per_repetition_ratios_to_the_floor(monkeypatch):
     # Known times, so that the ratio is checked against numbers worked out by hand: per repetition the fixup
     # step takes 1.2, 1.5 and 1.1 times the floor's, whose median is 1.2 (the ratio of the medians would be 1.5).
     times = {"none": [10.0, 20.0, 40.0], "fixup": [12.0, 30.0, 44.0]}
-    monkeypatch.setattr(bench, "_interleaved", lambda runners, method, reps, warmup: {v: times[v] for v in runners})
+    monkeypatch.setattr(bench, "_interleaved",  # runners are keyed "mode/variant"
+                        lambda runners, method, reps, warmup: {k: times[k.split("/")[1]] for k in runners})
     config = BenchConfig(families=("cifar",), variants=("none", "fixup"), threads=(1,), batch=2, depth=8, warmup=0,
                          reps=3, memory=False, explain=False)
     rows = {r["variant"]: r for r in benchmark(config)["rows"]}
-    assert rows["fixup"]["step_ratio"] == pytest.approx({"median": 1.2, "min": 1.1, "max": 1.5})
-    assert rows["fixup"]["forward_ratio"] == pytest.approx({"median": 1.2, "min": 1.1, "max": 1.5})
+    expected = {"median": 1.2, "min": 1.1, "max": 1.5, "fastest": 12.0 / 10.0}  # fastest: 12 ms over 10 ms
+    assert rows["fixup"]["step_ratio"] == pytest.approx(expected)
+    assert rows["fixup"]["forward_ratio"] == pytest.approx(expected)
     assert rows["fixup"]["step_ms"] == {"median": 30.0, "min": 12.0, "max": 44.0}
-    assert rows["none"]["step_ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert rows["none"]["step_ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0, "fastest": 1.0}
     assert rows["fixup"]["misses"] == (["step"] if 1.2 > bench.STEP_TARGET else [])
 
 

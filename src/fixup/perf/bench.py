@@ -1,16 +1,18 @@
 """Speed and memory of every model family under Fixup, its bare form and its normalised baseline, side by side.
 
-``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and, for each
-execution mode (eager, ``torch.compile``) and thread count, measures in one process and interleaved
-(every repetition times each variant once, in a rotating order, so that load from other processes falls
-on all variants alike):
+``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and execution
+mode (:data:`MODES`: eager, ``torch.compile``, bfloat16 autocast, both) and, for each thread count, measures
+in one process and interleaved (every repetition times each variant in each mode once, in a rotating order,
+so that load from other processes falls on all of them alike):
 
 - the training step: forward, cross-entropy, backward and an SGD step (momentum 0.9);
 - the forward pass (``torch.no_grad``, eval mode), which is also where the folded model is timed;
 - peak memory of one training step (see :mod:`fixup.perf.memory`), once per family and mode.
 
-Every ratio is to the bare network of the same family timed in the same repetition (the median of the
-per-repetition ratios, with their min and max). Targets: a Fixup training step within
+Every ratio is to the bare network of the same family in the same mode timed in the same repetition (the
+median of the per-repetition ratios, with their min and max; and the ratio of the fastest repetitions, which
+steady load from other processes disturbs least); ``mode_ratio`` is a step's ratio to the same variant in
+eager float32 mode, timed in the same repetition (what compiling or bf16 gains). Targets: a Fixup training step within
 :data:`STEP_TARGET` of the bare one and its peak memory within :data:`MEMORY_TARGET`; the folded model's
 forward within :data:`FOLD_TARGET`. Every cell that misses its target is profiled (one call of the Fixup
 variant and one of the bare network under ``torch.profiler``) and the row names the operators where the
@@ -20,6 +22,7 @@ extra time or memory goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import platform
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch._dynamo
 from torch import nn
 
 from .._devices import check_device_name, resolve_device
@@ -47,12 +51,22 @@ from .bench_families import (
 from .memory import MEMORY_METHOD, peak_step_memory
 from .profiling import explain, op_profile
 
-__all__ = ["FOLD_TARGET", "MEMORY_TARGET", "MODES", "STEP_TARGET", "BenchConfig", "benchmark", "format_table"]
+__all__ = ["FOLD_TARGET", "MEMORY_TARGET", "MODES", "STEP_TARGET", "BenchConfig", "benchmark", "format_modes",
+           "format_table", "mode_parts"]
 
-STEP_TARGET = 1.05  # Fixup training step / bare training step
-MEMORY_TARGET = 1.15  # Fixup peak memory / bare peak memory
+STEP_TARGET = 1.05  # Fixup training step / bare training step (issue 27)
+MEMORY_TARGET = 1.10  # Fixup peak memory / bare peak memory (issue 27)
 FOLD_TARGET = 1.02  # folded Fixup forward / bare forward
-MODES = ("eager", "compile")
+# Execution modes: eager float32, torch.compile (inductor), eager under bfloat16 autocast, compiled under it.
+MODES = ("eager", "compile", "bf16", "compile-bf16")
+_RECOMPILE_LIMIT = 64  # every variant x mode x train/eval is its own compiled entry of one forward's code
+
+
+def mode_parts(mode: str) -> tuple[bool, torch.dtype | None]:
+    """(compiled, autocast dtype or None) of an execution mode of :data:`MODES`."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    return mode.startswith("compile"), (torch.bfloat16 if mode.endswith("bf16") else None)
 
 
 @dataclass
@@ -61,7 +75,7 @@ class BenchConfig:
 
     families: tuple[str, ...] = tuple(FAMILIES)
     variants: tuple[str, ...] = ("none", "fixup", "fixup-plain", "norm", "fixup-folded")
-    modes: tuple[str, ...] = ("eager",)  # add "compile" for torch.compile'd models (minutes to compile)
+    modes: tuple[str, ...] = ("eager",)  # of MODES; the compiled ones take minutes to compile on a CPU
     threads: tuple[int, ...] = (1, 2)  # torch.set_num_threads for each pass
     batch: int | None = None  # examples per step; None: each family's default
     depth: int | None = None  # the CIFAR ResNet's depth (6n+2); None: the family's (20)
@@ -99,11 +113,17 @@ class BenchConfig:
 
 
 class _Runner:
-    """One model with its optimiser and a fixed batch: ``step()`` trains once, ``forward()`` infers."""
+    """One model with its optimiser and a fixed batch in one mode: ``step()`` trains once, ``forward()`` infers.
+
+    Under autocast the parameters, their gradients and the optimiser state stay float32 (autocast casts
+    each operation's inputs, not the parameters); the loss is computed inside the autocast region, as a
+    training loop does.
+    """
 
     def __init__(self, model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.Tensor,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], compile: bool,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mode: str,
                  device: torch.device) -> None:
+        compile, self.dtype = mode_parts(mode)
         model = model.to(device)
         self.device = device
         self.model, self.loss = model, loss
@@ -111,15 +131,22 @@ class _Runner:
         self.run = torch.compile(model) if compile else model
         self.opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
     def step(self) -> None:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        self.loss(self.run(*self.inputs), self.target).backward()
+        with self._autocast():
+            loss = self.loss(self.run(*self.inputs), self.target)
+        loss.backward()
         self.opt.step()
 
     def forward(self) -> None:
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             self.run(*self.inputs)
 
 
@@ -149,16 +176,38 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _ratios(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    floor = times[FLOOR]
-    return {name: _summary([t / f for t, f in zip(ts, floor)]) for name, ts in times.items()}
+def _key(mode: str, variant: str) -> str:
+    return f"{mode}/{variant}"
 
 
-def _misses(row: dict[str, Any]) -> list[str]:
+def _ratios(times: dict[str, list[float]], mode: str, to: str = FLOOR) -> dict[str, dict[str, float]]:
+    """Per variant of ``mode``: the per-repetition ratios to ``to`` in the same mode, summarised, and the ratio
+    of the fastest repetitions (``fastest``)."""
+    floor = times[_key(mode, to)]
+    out = {}
+    for key, ts in times.items():
+        m, variant = key.split("/", 1)
+        if m == mode:
+            out[variant] = {**_summary([t / f for t, f in zip(ts, floor)]), "fastest": min(ts) / min(floor)}
+    return out
+
+
+def _mode_ratio(times: dict[str, list[float]], mode: str, variant: str) -> dict[str, float] | None:
+    """``variant``'s times in ``mode`` over its eager float32 times of the same repetitions (None without them)."""
+    base = times.get(_key("eager", variant))
+    if base is None or mode == "eager":
+        return None
+    ts = times[_key(mode, variant)]
+    return {**_summary([t / b for t, b in zip(ts, base)]), "fastest": min(ts) / min(base)}
+
+
+def _misses(row: dict[str, Any], norm_step: dict[str, float] | None) -> list[str]:
     out = []
     if row["variant"] == "fixup":
         if row.get("step_ratio") and row["step_ratio"]["median"] > STEP_TARGET:
             out.append("step")
+        if norm_step and row.get("step_ratio") and row["step_ratio"]["median"] > norm_step["median"]:
+            out.append("slower than norm")
         if row.get("peak_ratio") and row["peak_ratio"] > MEMORY_TARGET:
             out.append("memory")
     if row["variant"] == "fixup-folded" and row["forward_ratio"]["median"] > FOLD_TARGET:
@@ -170,49 +219,60 @@ def _explain(row: dict[str, Any], runners: dict[str, _Runner]) -> str:
     """Profile the missing cell's variant against the bare network and name where the difference goes."""
     parts = []
     for miss in row["misses"]:
-        method, what = {"step": ("step", "ms"), "memory": ("step", "bytes"), "forward": ("forward", "ms")}[miss]
-        cand, floor = (op_profile(getattr(runners[v], method)) for v in (row["variant"], FLOOR))
+        method, what = {"step": ("step", "ms"), "slower than norm": ("step", "ms"), "memory": ("step", "bytes"),
+                        "forward": ("forward", "ms")}[miss]
+        if miss == "slower than norm" and "step" in row["misses"]:
+            continue  # the same profile as the step's
+        cand, floor = (op_profile(getattr(runners[_key(row["mode"], v)], method)) for v in (row["variant"], FLOOR))
         parts.append(f"{miss}: {explain(cand, floor, what)}")
     return " | ".join(parts)
 
 
-def _measure_family(family: Family, mode: str, config: BenchConfig, device: torch.device,
+def _measure_family(family: Family, config: BenchConfig, device: torch.device,
                     progress: Callable[[str], None]) -> list[dict]:
+    """Every variant of ``family`` in every mode of ``config``, all interleaved in the same repetitions."""
     if config.image_size is not None and not family.text:
         family = dataclasses.replace(family, image=config.image_size)
     batch = config.batch or family.batch
     inputs, target = make_batch(family, batch, config.seed)
-    compile = mode == "compile"
-    warmup = max(config.warmup, 1) if compile else config.warmup
-    runners = {v: _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
-                          loss_fn(family), compile, device) for v in config.variants}
-    trainable = {v: r for v, r in runners.items() if v not in FORWARD_ONLY}
-    mem = {}
+    compiling = any(mode_parts(m)[0] for m in config.modes)
+    warmup = max(config.warmup, 1) if compiling else config.warmup
+    if compiling:
+        torch._dynamo.reset()  # this family's entries only, within the raised recompile limit
+    runners = {_key(m, v): _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
+                                   loss_fn(family), m, device) for m in config.modes for v in config.variants}
+    trainable = {k: r for k, r in runners.items() if k.split("/", 1)[1] not in FORWARD_ONLY}
+    mem: dict[str, dict] = {}
     rows = []
     for threads in config.threads:
         torch.set_num_threads(threads)
-        progress(f"{family.name} {mode} {threads} thread(s): training steps")
+        progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): training steps")
         step = _interleaved(trainable, "step", config.reps, warmup)
-        progress(f"{family.name} {mode} {threads} thread(s): forward passes")
+        progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): forward passes")
         fwd = _interleaved(runners, "forward", config.reps, warmup)
         if config.memory and not mem:
-            progress(f"{family.name} {mode}: peak memory")
-            mem = {v: peak_step_memory(r.step, r.model, device) for v, r in trainable.items()}
-        step_ratio, fwd_ratio = _ratios(step), _ratios(fwd)
-        for v in config.variants:
-            label = family.norm if v == "norm" else v
-            row: dict[str, Any] = {"family": family.name, "mode": mode, "threads": threads, "variant": v,
-                                   "label": label, "forward_ms": _summary(fwd[v]), "forward_ratio": fwd_ratio[v],
-                                   "forward_examples_per_s": batch / (statistics.median(fwd[v]) / 1e3)}
-            if v in step:
-                row.update(step_ms=_summary(step[v]), step_ratio=step_ratio[v])
-            if v in mem:
-                row.update(peak_bytes=mem[v]["peak_bytes"], peak_ratio=mem[v]["peak_bytes"] / mem[FLOOR]["peak_bytes"])
-            row["misses"] = _misses(row)
-            if row["misses"] and config.explain:
-                progress(f"{family.name} {mode} {threads} thread(s): profiling {v} ({', '.join(row['misses'])})")
-                row["reason"] = _explain(row, runners)
-            rows.append(row)
+            progress(f"{family.name}: peak memory")
+            mem = {k: peak_step_memory(r.step, r.model, device) for k, r in trainable.items()}
+        for mode in config.modes:
+            step_ratio, fwd_ratio = _ratios(step, mode), _ratios(fwd, mode)
+            norm_step = step_ratio.get("norm")
+            for v in config.variants:
+                k = _key(mode, v)
+                label = family.norm if v == "norm" else v
+                row: dict[str, Any] = {"family": family.name, "mode": mode, "threads": threads, "variant": v,
+                                       "label": label, "forward_ms": _summary(fwd[k]), "forward_ratio": fwd_ratio[v],
+                                       "forward_examples_per_s": batch / (statistics.median(fwd[k]) / 1e3)}
+                if k in step:
+                    row.update(step_ms=_summary(step[k]), step_ratio=step_ratio[v])
+                    row["mode_ratio"] = _mode_ratio(step, mode, v)
+                if k in mem:
+                    row.update(peak_bytes=mem[k]["peak_bytes"],
+                               peak_ratio=mem[k]["peak_bytes"] / mem[_key(mode, FLOOR)]["peak_bytes"])
+                row["misses"] = _misses(row, norm_step)
+                if row["misses"] and config.explain:
+                    progress(f"{family.name} {mode} {threads} thread(s): profiling {v} ({', '.join(row['misses'])})")
+                    row["reason"] = _explain(row, runners)
+                rows.append(row)
     return rows
 
 
@@ -234,11 +294,13 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
     old_threads = torch.get_num_threads()
     rows = []
     try:
-        for mode in config.modes:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
             for name in config.families:
-                rows.extend(_measure_family(FAMILIES[name], mode, config, device, say))
+                rows.extend(_measure_family(FAMILIES[name], config, device, say))
     finally:
         torch.set_num_threads(old_threads)
+    rows.sort(key=lambda r: (config.families.index(r["family"]), config.modes.index(r["mode"]),
+                             config.threads.index(r["threads"])))
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -250,8 +312,10 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
         "families": {name: _family_record(FAMILIES[name], config) for name in config.families},
         "targets": {"step": STEP_TARGET, "memory": MEMORY_TARGET, "folded_forward": FOLD_TARGET},
         "memory_method": MEMORY_METHOD[device.type] if config.memory else None,
-        "timing_method": "median and (min, max) over interleaved repetitions after warm-up; ratio = median of "
-                         "per-repetition ratios to the bare network timed in the same repetition",
+        "timing_method": "median and (min, max) over interleaved repetitions (every variant in every mode once "
+                         "per repetition, rotating order) after warm-up; ratio = median of per-repetition ratios "
+                         "to the bare network in the same mode timed in the same repetition; fastest = ratio of "
+                         "the fastest repetitions; mode_ratio = the same variant's eager float32 step as the base",
         "rows": rows,
     }
 
@@ -260,34 +324,68 @@ def _cell(ratio: dict[str, float] | None) -> str:
     return "-" if ratio is None else f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
 
 
+def _render(head: list[str], body: list[list[str]], markdown: bool) -> list[str]:
+    if markdown:
+        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, *body]]
+
+
+def _footer(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    return (f"\ntorch {env['torch']}, {env['cpus']} CPUs, load average {env['load_average']}; x = ratio to the "
+            f"bare network (norm none) of the same family in the same mode. Targets: step <= {STEP_TARGET}, memory <= "
+            f"{MEMORY_TARGET}, folded forward <= {FOLD_TARGET}. Memory: {result['memory_method']}.")
+
+
 def format_table(result: dict[str, Any], markdown: bool = False) -> str:
     """The rows as a table: times and ratios to the bare network of the same family; misses marked."""
-    head = ["family", "mode", "threads", "variant", "step ms", "step x (min-max)", "fwd ms", "fwd x (min-max)",
-            "peak MiB", "mem x", "misses"]
+    head = ["family", "mode", "threads", "variant", "step ms", "step x (min-max)", "fastest x", "x eager",
+            "fwd ms", "fwd x (min-max)", "peak MiB", "mem x", "misses"]
     body = []
     for r in result["rows"]:
-        step = r.get("step_ms")
+        step, ratio, mode_ratio = r.get("step_ms"), r.get("step_ratio"), r.get("mode_ratio")
         body.append([r["family"], r["mode"], str(r["threads"]), r["label"],
-                     "-" if step is None else f"{step['median']:.1f}", _cell(r.get("step_ratio")),
+                     "-" if step is None else f"{step['median']:.1f}", _cell(ratio),
+                     "-" if ratio is None else f"{ratio['fastest']:.2f}",
+                     "-" if mode_ratio is None else f"{mode_ratio['fastest']:.2f}",
                      f"{r['forward_ms']['median']:.1f}", _cell(r["forward_ratio"]),
                      f"{r['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in r else "-",
                      f"{r['peak_ratio']:.2f}" if "peak_ratio" in r else "-", ", ".join(r["misses"]) or "-"])
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
-    else:
-        widths = [max(len(x) for x in col) for col in zip(head, *body)]
-        lines = ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, *body]]
+    lines = _render(head, body, markdown)
     reasons = [f"- {r['family']} {r['mode']} {r['threads']} thread(s) {r['label']}: {r['reason']}"
                for r in result["rows"] if r.get("reason")]
     if reasons:
         lines += ["", "Where the difference goes (torch.profiler, self CPU time or memory, vs the bare network):",
                   *reasons]
-    env = result["environment"]
-    lines.append(f"\ntorch {env['torch']}, {env['cpus']} CPUs, load average {env['load_average']}; x = ratio to the "
-                 f"bare network (norm none) of the same family. Targets: step <= {STEP_TARGET}, memory <= "
-                 f"{MEMORY_TARGET}, folded forward <= {FOLD_TARGET}. Memory: {result['memory_method']}")
+    lines.append(_footer(result) + " Fastest x: ratio of the fastest repetitions; x eager: the same variant's "
+                 "eager float32 step (fastest repetitions).")
     return "\n".join(lines)
+
+
+def format_modes(result: dict[str, Any], markdown: bool = False) -> str:
+    """The modes side by side: one line per family, thread count and variant; per mode the training step's
+    ratio to the bare network in that mode (fastest repetitions) and, past eager, its ratio to its own eager
+    float32 step."""
+    modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in result["rows"]:
+        if "step_ratio" in r:
+            cells.setdefault((r["family"], r["threads"], r["label"]), {})[r["mode"]] = r
+    head = ["family", "threads", "variant"]
+    for m in modes:
+        head += [f"{m} ms", f"{m} x bare"] + ([] if m == "eager" else [f"{m} x eager"])
+    body = []
+    for (family, threads, label), by_mode in cells.items():
+        line = [family, str(threads), label]
+        for m in modes:
+            r = by_mode.get(m)
+            line += ["-", "-"] if r is None else [f"{r['step_ms']['min']:.1f}", f"{r['step_ratio']['fastest']:.2f}"]
+            if m != "eager":
+                line.append("-" if r is None or r.get("mode_ratio") is None else f"{r['mode_ratio']['fastest']:.2f}")
+        body.append(line)
+    note = _footer(result) + " Training step, fastest repetition (ms) and ratios of the fastest repetitions."
+    return "\n".join([*_render(head, body, markdown), note])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -299,8 +397,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="variants side by side; 'none' (the bare network) is the floor ratios refer to, 'norm' the "
                         "family's BatchNorm or LayerNorm (default: %(default)s)")
     p.add_argument("--modes", nargs="+", default=list(d.modes), choices=list(MODES),
-                   help="eager and/or compile (torch.compile; minutes to compile on a CPU) (default: %(default)s)")
-    p.add_argument("--compile", action="store_true", help="shorthand for --modes eager compile (default: off)")
+                   help="execution modes, all interleaved in one run: eager, compile (torch.compile; minutes to "
+                        "compile on a CPU), bf16 (bfloat16 autocast), compile-bf16 (default: %(default)s)")
+    p.add_argument("--compile", action="store_true", help="add the compiled mode(s) to --modes (default: off)")
+    p.add_argument("--bf16", action="store_true",
+                   help="add bfloat16 autocast: bf16, and compile-bf16 with --compile (default: off)")
     p.add_argument("--threads", type=int, nargs="+", default=list(d.threads),
                    help="torch thread counts to measure, one pass each (default: %(default)s)")
     p.add_argument("--batch", type=int, default=None,
@@ -322,6 +423,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to this file (default: none)")
 
 
+def _modes(given: list[str], compile: bool, bf16: bool) -> tuple[str, ...]:
+    """``--modes`` with what ``--compile`` and ``--bf16`` add, in :data:`MODES` order."""
+    modes = set(given)
+    if compile:
+        modes |= {"eager", "compile"}
+    if bf16:
+        modes |= {"eager", "bf16"} | ({"compile-bf16"} if "compile" in modes else set())
+    return tuple(m for m in MODES if m in modes)
+
+
 def run_command(args: argparse.Namespace) -> int:
     import sys
 
@@ -329,13 +440,16 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.json:
         check_output_file(args.json)
-    modes = ("eager", "compile") if args.compile else tuple(args.modes)
+    modes = _modes(args.modes, args.compile, args.bf16)
     config = BenchConfig(families=tuple(args.families), variants=tuple(args.variants), modes=modes,
                          threads=tuple(args.threads), batch=args.batch, depth=args.depth, image_size=args.image_size,
                          device=args.device, warmup=args.warmup, reps=args.reps, memory=not args.no_memory,
                          explain=not args.no_explain, seed=args.seed)
     result = benchmark(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result, markdown=args.markdown))
+    if len(modes) > 1:
+        print("\nModes side by side (training step):")
+        print(format_modes(result, markdown=args.markdown))
     if args.json:
         write_json(args.json, result)
     return 0
@@ -343,6 +457,6 @@ def run_command(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="training-step time, forward time and peak memory of every model family: "
-                                     "Fixup vs its bare form vs BatchNorm/LayerNorm, eager and compiled")
+                                     "Fixup vs its bare form vs BatchNorm/LayerNorm, eager, compiled and bf16")
     add_arguments(p)
     p.set_defaults(func=run_command)
