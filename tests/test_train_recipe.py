@@ -106,3 +106,14 @@ def test_init_on_the_command_line_overrides_the_norm_of_a_saved_config(tmp_path:
     assert (cfg.norm, cfg.init, cfg.depth) == ("none", "rezero", 8)
     kept = config_from_args(argparse.Namespace(config=str(saved), init="fixup_paper"))
     assert (kept.norm, kept.init) == ("fixup", "fixup_paper")
+
+
+def test_the_gates_rate_is_a_training_option() -> None:
+    from fixup.train.optim import build_optimizer
+
+    model = __import__("fixup").create_model("resnet_cifar", depth=8, method="rezero")
+    _, groups = build_optimizer(model, TrainConfig(init="rezero", lr=0.1, gate_lr_mult=0.1).validate())
+    gates = next(g for g in groups if g["name"] == "gates")
+    assert gates["lr"] == pytest.approx(0.01) and gates["count"] == 3
+    with pytest.raises(ValueError, match="gate_lr_mult must be >= 0"):
+        TrainConfig(gate_lr_mult=-1.0).validate()

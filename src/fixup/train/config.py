@@ -136,6 +136,7 @@ class OptimisationOptions:
     weight_decay: float = 5e-4  # L2 penalty (SGD, Adam) or decoupled decay (AdamW) of the weights group
     scalar_lr_mult: float = 0.1  # lr multiplier of Fixup's scalars (the authors' code: 0.1); see fixup.param_groups
     scalar_weight_decay: float = -1.0  # weight decay of the scalar group (-1 = same as weight_decay)
+    gate_lr_mult: float = 1.0  # lr multiplier of SkipInit's/ReZero's gates (both papers: 1); see fixup.param_groups
     # Global-norm clipping at 1.0 by default: without normalisation a run at lr 0.1 can blow up after its loss has
     # fallen (docs/training.md, "Gradient clipping"); the studies and the translation recipes set grad_clip 0, the
     # protocol of their figures. agc: Brock et al. 2021, section 4.1 (fixup.adaptive_clip_grad_). auto: the
@@ -257,6 +258,8 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             raise ValueError(f"eps must be > 0 (Adam's denominator epsilon), got {self.eps}")
         if self.scalar_lr_mult < 0:
             raise ValueError(f"scalar_lr_mult must be >= 0, got {self.scalar_lr_mult}")
+        if self.gate_lr_mult < 0:
+            raise ValueError(f"gate_lr_mult must be >= 0, got {self.gate_lr_mult}")
         if self.scalar_weight_decay < 0 and self.scalar_weight_decay != -1:
             raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
                              f"{self.scalar_weight_decay}")

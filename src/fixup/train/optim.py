@@ -18,7 +18,7 @@ def config_groups(model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]
     """:func:`fixup.param_groups` with the config's rates: weights, scalars, the budgeted stream biases, gates."""
     wd = None if config.scalar_weight_decay < 0 else config.scalar_weight_decay
     return fixup_param_groups(model, config.effective_lr, config.weight_decay, scalar_lr_mult=config.scalar_lr_mult,
-                              scalar_weight_decay=wd)
+                              scalar_weight_decay=wd, gate_lr_mult=config.gate_lr_mult)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> tuple[torch.optim.Optimizer, list[dict[str, Any]]]:
