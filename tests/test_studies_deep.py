@@ -90,3 +90,24 @@ def test_report_only_reads_the_finished_cells_and_runs_nothing(tmp_path, capsys)
     assert len(store.records("depth")) == 1  # nothing ran
     assert main(["study", "depth", "--tiny", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no cells" in capsys.readouterr().err
+
+
+def test_a_resumed_run_estimates_from_its_own_finished_cells(grid, tmp_path):
+    from fixup.studies.estimate import CELL_OVERHEAD_S, COST_FACTOR, MEASURED_MIN_COST, measured_rate
+
+    store = Store(tmp_path)
+    tasks = in_order(depth.plan(grid, store).tasks, "cheapest")
+    shallow = [t for t in tasks if t.cell.setting["depth"] == 10]
+    assert sum(t.cell.cost for t in shallow) < MEASURED_MIN_COST
+    for t in shallow:
+        store.start(t.cell)
+        store.finish(t.cell, {"outcome": "completed"}, CELL_OVERHEAD_S + 1e-4 * t.cell.cost)
+    assert measured_rate(store, shallow) is None  # too little work to time on
+    mid = [t for t in tasks if t.cell.setting["depth"] == 1000][:1]
+    for t in mid:
+        store.start(t.cell)
+        store.finish(t.cell, {"outcome": "completed"}, CELL_OVERHEAD_S + 1e-4 * t.cell.cost)
+    rate = measured_rate(store, shallow + mid)
+    assert rate == pytest.approx(1e-4 / COST_FACTOR)
+    # the estimate of a cell then gives back the seconds such a cell took
+    assert estimate_seconds(mid, rate) == pytest.approx(CELL_OVERHEAD_S + 1e-4 * mid[0].cell.cost)

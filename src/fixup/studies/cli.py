@@ -118,20 +118,23 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
 
 
 def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: str, store: Any) -> int:
-    from .estimate import calibrate, estimate_seconds
+    from .estimate import calibrate, estimate_seconds, measured_rate
     from .registry import get_study
     from .report import claim_rows
     from .reproduce import plan_all, reproduce
     from .runner import format_seconds
 
     tasks, waiting = plan_all(grid, store, [get_study(s) for s in studies])
-    side = grid.image_size or (8 if grid.data == "digits" else 32)
-    spc = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
-                    threads=max(1, (os.cpu_count() or 1) // args.jobs))
     todo = [t for t in tasks if not store.is_done(t.cell)]
+    spc, basis = measured_rate(store, [t for t in tasks if t not in todo]), "the cells finished here"
+    if spc is None:
+        side = grid.image_size or (8 if grid.data == "digits" else 32)
+        spc, basis = calibrate(side, 1 if grid.data == "digits" else 3, device=grid.device,
+                               threads=max(1, (os.cpu_count() or 1) // args.jobs)), "a few calibration steps"
     est = estimate_seconds(todo, spc, args.jobs, grid.order) * (1 + waiting / max(1, len(tasks)))
     print(f"fixup {args.mode}: {len(tasks) + waiting} cells ({len(tasks) - len(todo)} already finished in {out}), "
-          f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)}", file=sys.stderr)
+          f"{args.jobs} job(s); expected duration on this machine: about {format_seconds(est)} (timed on {basis})",
+          file=sys.stderr)
     if args.plan:
         counts: dict[str, int] = {}
         for t in tasks:

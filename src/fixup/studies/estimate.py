@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .cells import Task
 
-__all__ = ["CELL_OVERHEAD_S", "COST_FACTOR", "calibrate", "estimate_seconds"]
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["CELL_OVERHEAD_S", "COST_FACTOR", "calibrate", "estimate_seconds", "measured_rate"]
 
 CELL_OVERHEAD_S = 2.0  # building the model, evaluating, writing the cell's files (fitted; see module doc)
 COST_FACTOR = 0.67  # measured seconds per unit over the calibrated ones (fitted; see module doc)
@@ -67,3 +71,22 @@ def estimate_seconds(tasks: Sequence[Task], seconds_per_cost: float, jobs: int =
         i = workers.index(min(workers))  # the next free worker takes the next cell
         workers[i] += CELL_OVERHEAD_S + COST_FACTOR * task.cell.cost * seconds_per_cost
     return max(workers)
+
+
+# A resumed run times itself on its own finished cells once they hold this much of the work (cost units): the
+# calibration's ResNet-20 misjudges deep, narrow nets and a loaded machine; cells that did the work do not.
+MEASURED_MIN_COST = 1e6
+
+
+def measured_rate(store: Store, finished: Sequence[Task]) -> float | None:
+    """Seconds per cost unit as :func:`estimate_seconds` takes them, from the recorded time of ``finished``
+    cells of ``store``; None if they hold too little work to time on (:data:`MEASURED_MIN_COST`)."""
+    seconds = cost = 0.0
+    for task in finished:
+        record = store.load(task.cell)
+        if record is not None and isinstance(record.get("seconds"), (int, float)):
+            seconds += max(0.0, float(record["seconds"]) - CELL_OVERHEAD_S)
+            cost += task.cell.cost
+    if cost < MEASURED_MIN_COST or seconds <= 0:
+        return None
+    return seconds / cost / COST_FACTOR
