@@ -51,6 +51,31 @@ __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAda
 ADAPT_METHODS = ("fixup", "skipinit", "rezero")
 
 
+def _refusal(method: str) -> str:
+    """Why adapt does not apply ``method`` to a model written elsewhere, and what does instead."""
+    head = f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}"
+    try:
+        m = as_method(method)
+    except ValueError as err:
+        return f"{head}: {err}"
+    if m.nf:
+        why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
+               f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
+               "and ImageNet ResNets); for a model written elsewhere adapt with method='fixup', 'skipinit' or "
+               "'rezero', and clip with fixup.adaptive_clip_grad_ (AGC) if you want NF-ResNets' clipping")
+    elif m.family == "transformer":
+        why = ("it scales each stack of the library's encoder-decoder Transformer by that stack's depth: "
+               f"fixup.create_model('transformer_tiny', method={m.name!r}); for another Transformer adapt with "
+               "method='fixup' or 'rezero'")
+    elif m.fixup:
+        why = (f"adapt applies Fixup's default form; {m.name!r} is for the library's models "
+               f"(fixup.create_model(name, method={m.name!r}))")
+    else:
+        why = ("a baseline needs no adapting: train the model as written (its own normalisation), or build a "
+               f"library model with fixup.create_model(name, method={m.name!r})")
+    return f"{head}: {why}"
+
+
 def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
     return (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
 
@@ -157,8 +182,7 @@ def adapt(
     if trunk not in TRUNK_RULES:
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
     if method not in ADAPT_METHODS:
-        raise ValueError(f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}; the other rows of "
-                         "fixup.METHODS need architectures the library builds (fixup.create_model)")
+        raise ValueError(_refusal(method))
     gated = method != "fixup"
     args = _inputs(example_input)
     name = type(model).__name__
