@@ -132,3 +132,5 @@ def test_segments_last_long_enough_that_checkpoints_cost_little(tmp_path, monkey
     torch.set_num_threads(1)
     result = _common.train_cell(Cell("depth", "fixup", {"depth": 8}, 0, config={"train": train}), tmp_path)
     assert result["outcome"] == "completed" and len(calls) == 2
+    steps = result["history"][-1]["step"]
+    assert result["step_loss"]["first_step"] == 1 and len(result["step_loss"]["loss"]) == steps  # every step

@@ -105,11 +105,13 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
 
     config = TrainConfig.from_dict(dict(cell.config["train"]))
     length = SEGMENT_SECONDS
+    losses: dict[int, float] = {}  # step -> training loss, for the steps this process ran (not before a restart)
     while True:
         started, asked = time.monotonic(), []
 
-        def segment(_info: Any, _started: float = started, _asked: list[float] = asked,
+        def segment(info: Any, _started: float = started, _asked: list[float] = asked,
                     _length: float = length) -> bool:
+            losses[int(info.step)] = float(info.loss)
             if config.checkpoint and time.monotonic() - _started >= _length:
                 _asked.append(time.monotonic())
                 return True
@@ -137,4 +139,8 @@ def train_cell(cell: Cell, work: Path) -> dict[str, Any]:
         "test_acc": _finite(last.get("test_acc")) if ok else None,
         "train_loss": _finite(last.get("train_loss")) if ok else None,
         "train_acc": _finite(last.get("train_acc")) if ok else None,
+        # every step's training loss from the first step this process ran (a cell resumed after its process
+        # died starts later): the data a rule that stops a cell stuck at chance early would be checked against
+        "step_loss": {"first_step": min(losses, default=0),
+                      "loss": [losses[k] if math.isfinite(losses[k]) else None for k in sorted(losses)]},
     }
