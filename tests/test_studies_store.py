@@ -133,3 +133,39 @@ def test_workers_die_when_their_parent_is_killed(tmp_path):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def slow_to_stop_cell(cell: Cell, work: Path) -> dict:
+    """Like :func:`pid_cell`, but on SIGTERM takes a second to stop (a cell writing its checkpoint)."""
+
+    def stop(*_: object) -> None:
+        time.sleep(1.0)
+        (work.parents[len(cell.relpath().parts)] / f"stopped-{os.getpid()}").write_text("")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    return pid_cell(cell, work)
+
+
+def test_a_stopped_run_releases_its_folder_only_after_its_workers_have_stopped(tmp_path):
+    script = (f"import sys, os, signal; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
+              "from test_studies_store import slow_to_stop_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
+              "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 120}), slow_to_stop_cell)\n"
+              "         for i in range(2)]\n"
+              "try:\n"
+              f"    run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n"
+              "except KeyboardInterrupt:\n"
+              f"    open({str(tmp_path / 'raised')!r}, 'w').write(str(len(list(__import__('pathlib').Path("
+              f"{str(tmp_path)!r}).glob('stopped-*')))))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while len([p for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
+            assert proc.poll() is None and time.time() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        assert (tmp_path / "raised").read_text() == "2", "the run returned while its workers were still stopping"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -112,6 +112,9 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None,
 # exited GRACE_SECONDS after its parent died exits there and then.
 WATCH_SECONDS = 0.5
 GRACE_SECONDS = 30.0
+# A run that is stopped waits this long for its workers to finish their step and write their checkpoints (a
+# 10,000-layer cell's step and checkpoint take tens of seconds on a loaded core), then kills them.
+STOP_SECONDS = 180.0
 
 
 def _die_with_parent(parent: int) -> None:
@@ -261,9 +264,18 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
                     for fut in done:
                         finished(pending.pop(fut), *fut.result())
             except BaseException:  # Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt), a bug here
-                # Stop the running cells too: SIGTERM makes the engine checkpoint, so they resume next run.
-                for proc in list((pool._processes or {}).values()):  # no public API lists the workers
+                # Stop the running cells too: SIGTERM makes the engine checkpoint, so they resume next run. The
+                # store's lock is held until they have exited: a run started at once must not find a cell's
+                # worker still writing its checkpoint.
+                workers = list((pool._processes or {}).values())  # no public API lists the workers
+                for proc in workers:
                     proc.terminate()
+                deadline = time.monotonic() + STOP_SECONDS
+                for proc in workers:
+                    proc.join(max(0.0, deadline - time.monotonic()))
+                    if proc.is_alive():
+                        proc.kill()  # its cell resumes from its previous checkpoint
+                        proc.join()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     report("end")
