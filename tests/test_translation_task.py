@@ -157,3 +157,22 @@ def test_eval_updates_cuts_the_same_batches_into_shorter_epochs(tmp_path):
     assert all("test_nll" in r and "valid_bleu" in r for r in b.history)
     with pytest.raises(ValueError, match="eval_updates must be >= 0"):
         TranslationTask(cfg.replace(extra={**cfg.extra, "eval_updates": -1}))
+
+
+@pytest.mark.parametrize("norm", ["fixup", "layernorm"])
+def test_qkv_have_the_spread_of_the_authors_fused_matrix(norm):
+    """fairseq draws Q, K, V as one (3d, d) Xavier matrix: std (2d)^-1/2 each, sqrt(2) below a separate layer's;
+    Fixup multiplies it by L^(-1/6). Checked on the drawn weights (within 5 standard errors) and in the report."""
+    d, layers = 64, 2
+    model = fixup.create_model("transformer_tiny", norm=norm, src_vocab=20, tgt_vocab=20, d_model=d, ffn_dim=128,
+                               encoder_layers=layers, decoder_layers=layers)
+    factor = (5 * layers) ** (-1 / 6) if norm == "fixup" else 1.0
+    std = (2 * d) ** -0.5 * factor
+    n = d * d
+    for block in (model.encoder[0].self_attn, model.decoder[1].cross_attn):
+        for proj in (block.q, block.k, block.v):
+            assert proj.weight.std().item() == pytest.approx(std, rel=5 / math.sqrt(2 * n))
+        assert norm == "fixup" or block.out.weight.std().item() == pytest.approx(d ** -0.5, rel=5 / math.sqrt(2 * n))
+    if norm == "fixup":
+        drawn = {r.name: r.std for b in model.init_report.branches for r in b.scaled}
+        assert drawn["decoder.1.cross_attn.v"] == pytest.approx(std)
