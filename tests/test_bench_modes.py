@@ -104,3 +104,13 @@ def test_compiled_bf16_mode_compiles_each_variant():
     assert {(r["mode"], r["variant"]) for r in result["rows"]} == {("compile-bf16", v) for v in ("none", "fixup")}
     # every variant and train/eval is its own graph: none ran eager
     assert dutils.counters["stats"]["unique_graphs"] >= 4
+
+
+def test_steps_only_drops_forward_timing_and_forward_only_variants():
+    config = BenchConfig(families=("cifar",), variants=("none", "fixup", "fixup-folded"), threads=(1,), batch=2,
+                         depth=8, warmup=0, reps=1, memory=False, explain=False, forward=False)
+    rows = benchmark(config)["rows"]
+    assert [r["variant"] for r in rows] == ["none", "fixup"]
+    assert all("step_ms" in r and "forward_ms" not in r for r in rows)
+    with pytest.raises(ValueError, match="nothing to train"):
+        BenchConfig(variants=("none", "fixup-folded"), forward=False)

@@ -84,6 +84,7 @@ class BenchConfig:
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
     memory: bool = True  # also measure peak memory of one step
+    forward: bool = True  # also time the forward pass (eval, no_grad); False: training steps only (half the compiles)
     explain: bool = True  # profile the cells that miss a target and name where the time goes
     seed: int = 0
 
@@ -96,6 +97,9 @@ class BenchConfig:
         check("family", self.families, tuple(FAMILIES))
         check("variant", self.variants, VARIANTS)
         check("mode", self.modes, MODES)
+        if not self.forward and all(v in FORWARD_ONLY for v in self.variants if v != FLOOR):
+            raise ValueError(f"forward=False times training steps only, and variants {self.variants} has nothing to "
+                             "train but the floor; add fixup or norm, or keep the forward timing")
         if FLOOR not in self.variants:
             raise ValueError(f"variants must include the floor {FLOOR!r} (ratios are taken to it), got {self.variants}")
         if self.reps < 1 or self.warmup < 0 or (self.batch is not None and self.batch < 1):
@@ -210,7 +214,7 @@ def _misses(row: dict[str, Any], norm_step: dict[str, float] | None) -> list[str
             out.append("slower than norm")
         if row.get("peak_ratio") and row["peak_ratio"] > MEMORY_TARGET:
             out.append("memory")
-    if row["variant"] == "fixup-folded" and row["forward_ratio"]["median"] > FOLD_TARGET:
+    if row["variant"] == "fixup-folded" and row.get("forward_ratio") and row["forward_ratio"]["median"] > FOLD_TARGET:
         out.append("forward")
     return out
 
@@ -239,8 +243,9 @@ def _measure_family(family: Family, config: BenchConfig, device: torch.device,
     warmup = max(config.warmup, 1) if compiling else config.warmup
     if compiling:
         torch._dynamo.reset()  # this family's entries only, within the raised recompile limit
+    variants = [v for v in config.variants if config.forward or v not in FORWARD_ONLY]
     runners = {_key(m, v): _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
-                                   loss_fn(family), m, device) for m in config.modes for v in config.variants}
+                                   loss_fn(family), m, device) for m in config.modes for v in variants}
     trainable = {k: r for k, r in runners.items() if k.split("/", 1)[1] not in FORWARD_ONLY}
     mem: dict[str, dict] = {}
     rows = []
@@ -248,20 +253,25 @@ def _measure_family(family: Family, config: BenchConfig, device: torch.device,
         torch.set_num_threads(threads)
         progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): training steps")
         step = _interleaved(trainable, "step", config.reps, warmup)
-        progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): forward passes")
-        fwd = _interleaved(runners, "forward", config.reps, warmup)
+        fwd: dict[str, list[float]] = {}
+        if config.forward:
+            progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): forward passes")
+            fwd = _interleaved(runners, "forward", config.reps, warmup)
         if config.memory and not mem:
             progress(f"{family.name}: peak memory")
             mem = {k: peak_step_memory(r.step, r.model, device) for k, r in trainable.items()}
         for mode in config.modes:
-            step_ratio, fwd_ratio = _ratios(step, mode), _ratios(fwd, mode)
+            step_ratio = _ratios(step, mode)
+            fwd_ratio = _ratios(fwd, mode) if fwd else {}
             norm_step = step_ratio.get("norm")
-            for v in config.variants:
+            for v in variants:
                 k = _key(mode, v)
                 label = family.norm if v == "norm" else v
                 row: dict[str, Any] = {"family": family.name, "mode": mode, "threads": threads, "variant": v,
-                                       "label": label, "forward_ms": _summary(fwd[k]), "forward_ratio": fwd_ratio[v],
-                                       "forward_examples_per_s": batch / (statistics.median(fwd[k]) / 1e3)}
+                                       "label": label}
+                if fwd:
+                    row.update(forward_ms=_summary(fwd[k]), forward_ratio=fwd_ratio[v],
+                               forward_examples_per_s=batch / (statistics.median(fwd[k]) / 1e3))
                 if k in step:
                     row.update(step_ms=_summary(step[k]), step_ratio=step_ratio[v])
                     row["mode_ratio"] = _mode_ratio(step, mode, v)
@@ -349,7 +359,7 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
                      "-" if step is None else f"{step['median']:.1f}", _cell(ratio),
                      "-" if ratio is None else f"{ratio['fastest']:.2f}",
                      "-" if mode_ratio is None else f"{mode_ratio['fastest']:.2f}",
-                     f"{r['forward_ms']['median']:.1f}", _cell(r["forward_ratio"]),
+                     f"{r['forward_ms']['median']:.1f}" if "forward_ms" in r else "-", _cell(r.get("forward_ratio")),
                      f"{r['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in r else "-",
                      f"{r['peak_ratio']:.2f}" if "peak_ratio" in r else "-", ", ".join(r["misses"]) or "-"])
     lines = _render(head, body, markdown)
@@ -416,6 +426,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                             "(default: %(default)s)")
     p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (default: measure)")
+    p.add_argument("--no-forward", action="store_true",
+                   help="time training steps only, not forward passes (half the compiles) (default: both)")
     p.add_argument("--no-explain", action="store_true",
                    help="do not profile the cells that miss a target (default: profile them)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (default: plain text)")
@@ -444,6 +456,7 @@ def run_command(args: argparse.Namespace) -> int:
     config = BenchConfig(families=tuple(args.families), variants=tuple(args.variants), modes=modes,
                          threads=tuple(args.threads), batch=args.batch, depth=args.depth, image_size=args.image_size,
                          device=args.device, warmup=args.warmup, reps=args.reps, memory=not args.no_memory,
+                         forward=not args.no_forward,
                          explain=not args.no_explain, seed=args.seed)
     result = benchmark(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result, markdown=args.markdown))

@@ -152,6 +152,11 @@ class ShiftedConv2d(nn.Conv2d):
         return out
 
 
+# Under torch.compile, lean_conv2d adds a padded convolution's shift to its input and the per-channel vector
+# after the convolution, for inductor to fuse (False: the eager formulation, compiled as it is).
+_FUSE_WHEN_COMPILING = True
+
+
 def _padded(conv: nn.Conv2d) -> bool:
     return any(p != 0 for p in conv.padding)
 
@@ -192,6 +197,14 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     if vector is not None and scale is not None:
         vector = vector * scale
     add = None  # a map varying over positions, added to the output in place
+    compiled = _FUSE_WHEN_COMPILING and torch.compiler.is_compiling()
+    if compiled and shift is not None and _padded(conv):
+        # Compiled, the shift goes on the input: inductor fuses ``x + shift`` into the kernel that produced ``x``
+        # (the previous ReLU) and recomputes it in backward from the ``x`` that the ReLU keeps anyway; the shift's
+        # gradient is reduced inside the ReLU's backward kernel. The one-channel convolution below would run
+        # as its own kernel (PyTorch's slow reference convolution), forward and backward.
+        x = x + shift.to(x.dtype)
+        shift = None
     if shift is not None:
         if _padded(conv):
             # shift * conv(1, W), with the shift on the small summed kernel: backward keeps that kernel and a
@@ -208,7 +221,15 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
             vector = as_vector if vector is None else vector + as_vector
         else:  # one map for all position-dependent terms: a single in-place addition and reduction
             add = bias if add is None else add + bias
-    out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
+    if compiled:
+        # Compiled, the per-channel vector is an addition after the convolution, not its bias: inductor fuses it
+        # into the next pointwise kernel (the ReLU or the residual sum) and reduces its gradient inside that
+        # kernel's backward, where oneDNN's convolution backward would make a pass of its own for the bias.
+        out = F.conv2d(x, weight, None, conv.stride, conv.padding, conv.dilation)
+        if vector is not None:
+            out = out + vector.to(out.dtype).reshape(1, channels, 1, 1)
+    else:
+        out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
     if add is None:
         return out
     pairs = zip(reversed(add.shape), reversed(out.shape))
@@ -224,7 +245,8 @@ def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, sc
     """``scale * linear(x + shift) + bias`` as one ``F.linear``: ``W' = s W``, ``c' = s (c + shift W.sum(1)) + bias``.
 
     ``shift``, ``scale`` and ``bias`` are scalars (shape (1,)) or None (``bias`` may also be a vector of
-    ``out_features``). Backward keeps ``x`` and the (scaled) weight only; the output is fresh.
+    ``out_features``). Backward keeps ``x`` and the (scaled) weight only; the output is fresh (not a view), so
+    callers may change it in place.
     """
     weight = linear.weight if scale is None else linear.weight * scale
     vector = linear.bias
@@ -236,7 +258,13 @@ def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, sc
     if bias is not None:
         b = bias.expand(linear.out_features) if bias.numel() == 1 else bias
         vector = b if vector is None else vector + b
-    return F.linear(x, weight, vector)
+    if vector is None or x.dim() <= 2:
+        return F.linear(x, weight, vector)
+    # F.linear with a bias on (B, T, D) returns a view of a 2-D addmm, and the caller's in-place residual
+    # addition or ReLU on that view costs backward a zero-filled copy of the whole output (AsStridedBackward0)
+    # per layer. matmul, as the bias-free linear of the bare network, returns a fresh tensor; the bias then
+    # joins in place (the pass addmm makes to copy it in).
+    return torch.matmul(x, weight.t()).add_(vector)
 
 
 def lean_residual_(branch: Tensor, shortcut: Tensor, block: str = "residual block", output_scale: float = 1.0,
