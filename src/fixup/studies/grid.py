@@ -237,9 +237,10 @@ _QUICK = dict(
                       measured_step=10),
 )
 
-# A plateau translation cell in the image cells' unit (the quick cell: 48 s of one core for 1.2e6): about 190 s of
-# one core (150 s for the tiny recipe's run with beam 4, docs/translation.md, and 12 evaluations of ~3 s), x 25,000.
-COST_PLATEAU_CELL = 4.8e6
+# A plateau translation cell in the image cells' unit (the quick cell: 48 s of one core for 1.2e6): about 240 s of
+# one core (the tiny recipe's run with beam 4 took 196-198 s of CPU on the loaded 2-core machine, n=4, and the
+# deep cell adds 12 evaluations of ~3 s and beam 5), x 25,000.
+COST_PLATEAU_CELL = 6.0e6
 
 # The deep tier: the two headline experiments the quick run cannot resolve, at the scale that can, on CPU.
 # Figure 3 at the paper's four depths with every method, n=3, on digits at batch 32 (45 steps an epoch, as in the
