@@ -152,11 +152,6 @@ class ShiftedConv2d(nn.Conv2d):
         return out
 
 
-# Under torch.compile, lean_conv2d adds a padded convolution's shift to its input and the per-channel vector
-# after the convolution, for inductor to fuse (False: the eager formulation, compiled as it is).
-_FUSE_WHEN_COMPILING = True
-
-
 def _padded(conv: nn.Conv2d) -> bool:
     return any(p != 0 for p in conv.padding)
 
@@ -197,14 +192,6 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     if vector is not None and scale is not None:
         vector = vector * scale
     add = None  # a map varying over positions, added to the output in place
-    compiled = _FUSE_WHEN_COMPILING and torch.compiler.is_compiling()
-    if compiled and shift is not None and _padded(conv):
-        # Compiled, the shift goes on the input: inductor fuses ``x + shift`` into the kernel that produced ``x``
-        # (the previous ReLU) and recomputes it in backward from the ``x`` that the ReLU keeps anyway; the shift's
-        # gradient is reduced inside the ReLU's backward kernel. The one-channel convolution below would run
-        # as its own kernel (PyTorch's slow reference convolution), forward and backward.
-        x = x + shift.to(x.dtype)
-        shift = None
     if shift is not None:
         if _padded(conv):
             # shift * conv(1, W), with the shift on the small summed kernel: backward keeps that kernel and a
@@ -221,15 +208,7 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
             vector = as_vector if vector is None else vector + as_vector
         else:  # one map for all position-dependent terms: a single in-place addition and reduction
             add = bias if add is None else add + bias
-    if compiled:
-        # Compiled, the per-channel vector is an addition after the convolution, not its bias: inductor fuses it
-        # into the next pointwise kernel (the ReLU or the residual sum) and reduces its gradient inside that
-        # kernel's backward, where oneDNN's convolution backward would make a pass of its own for the bias.
-        out = F.conv2d(x, weight, None, conv.stride, conv.padding, conv.dilation)
-        if vector is not None:
-            out = out + vector.to(out.dtype).reshape(1, channels, 1, 1)
-    else:
-        out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
+    out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
     if add is None:
         return out
     pairs = zip(reversed(add.shape), reversed(out.shape))
