@@ -19,8 +19,9 @@ def test_the_deep_tier_runs_the_papers_four_depths_with_every_method_and_three_s
     assert grid.depth.depths == (10, 100, 1000, 10000)
     assert all((d - 4) % 6 == 0 for d in grid.depth.depths)  # Wide-ResNet depths are 6n+4
     assert grid.seeds == 3 and grid.order == "cheapest"
-    for method in ("fixup", "fixup_paper", "batchnorm", "lsuv", "sqrt2", "he", "skipinit", "rezero", "nf_resnet"):
+    for method in ("fixup", "fixup_paper", "batchnorm", "lsuv", "sqrt2", "he", "rezero", "nf_resnet"):
         assert method in grid.depth.methods
+    assert "skipinit" not in grid.depth.methods  # in a conv net, ReZero's network
     assert set(grid.skipped) >= {"ablation", "regularisation", "theory"}
     assert grid.translation.dropouts == (0.3, 0.4, 0.5, 0.6) and grid.translation.seeds == 5
     with pytest.raises(ValueError, match="at least 3 seeds"):
@@ -30,6 +31,8 @@ def test_the_deep_tier_runs_the_papers_four_depths_with_every_method_and_three_s
 def test_deep_cells_keep_the_papers_protocol_and_call_a_collapse_early(grid, tmp_path):
     tasks = depth.plan(grid, Store(tmp_path)).tasks
     assert len(tasks) == 4 * len(grid.depth.methods) * 3
+    slow = {t.cell.config["train"].get("gate_lr_mult") for t in tasks if t.cell.method == "rezero_slow_gates"}
+    assert slow == {0.1}
     for t in tasks:
         train = t.cell.config["train"]
         assert train["grad_clip"] == 0.0 and train["lr"] == 0.1 and train["schedule"] == "constant"

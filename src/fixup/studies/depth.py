@@ -29,14 +29,15 @@ LABELS = {"fixup": "Fixup (stream biases budgeted: our default)", "fixup_paper":
           "fixup_no_stream_bias": "Fixup, no stream bias (rule 3 literally)", "batchnorm": "BatchNorm", "lsuv": "LSUV",
           "sqrt2": "1/sqrt(2)", "he": "He, no normalisation", "fixup_no_depth_scale": "Fixup without rule 2",
           "fixup_scalars_fixed": "Fixup, scalars held fixed", "skipinit": "SkipInit (gain at 0)",
-          "rezero": "ReZero (alpha at 0)", "nf_resnet": "NF-ResNet (AGC, its recipe)",
-          "nf_resnet_skipinit": "NF-ResNet with the zero skip gain (AGC)"}
+          "rezero": "ReZero (alpha at 0)", "rezero_slow_gates": "ReZero, gates at lr/10",
+          "nf_resnet": "NF-ResNet (AGC, its recipe)", "nf_resnet_skipinit": "NF-ResNet with the zero skip gain (AGC)"}
 # Variants of a method that differ only in training options. Every Fixup form trains its scalars at lr/10,
 # as the authors' released CIFAR script (github.com/hongyi-zhang/Fixup, cifar/cifar_train.py) does; the
 # same script scales the weights' rate with the batch (0.1 x batch / 128): `fixup_batch_scaled` runs that.
 # Holding the scalars fixed for the epoch isolates rules 1-2 (the analysis of section 3 has no biases).
 VARIANTS = {"fixup_batch_scaled": ("fixup", {"lr_reference_batch": 128}),
-            "fixup_scalars_fixed": ("fixup", {"scalar_lr_mult": 0.0})}
+            "fixup_scalars_fixed": ("fixup", {"scalar_lr_mult": 0.0}),
+            "rezero_slow_gates": ("rezero", {"gate_lr_mult": 0.1})}
 # "Learning" in one epoch: test accuracy at least this far above chance (absolute).
 LEARNING_MARGIN = 0.2
 # "Tracks BatchNorm": within this much of BatchNorm's mean first-epoch accuracy (absolute).
