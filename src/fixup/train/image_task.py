@@ -63,7 +63,9 @@ class ImageClassification:
 
     def _adapted_model(self, config: TrainConfig) -> nn.Module:
         """The user's model from ``config.adapt`` (``module:factory``; the factory may take ``num_classes`` and
-        ``in_channels``), Fixup-adapted on two training images when ``norm`` is ``fixup``, else as built."""
+        ``in_channels``), adapted on two training images by the method ``init`` names (``fixup``, ``skipinit``,
+        ``rezero``; :func:`fixup.adapt` refuses the others, naming what works), by Fixup when ``init`` is empty and
+        ``norm`` is ``fixup``, else trained as built."""
         import inspect
 
         from ..external import adapt, load_factory
@@ -75,9 +77,10 @@ class ImageClassification:
         model = made[0] if isinstance(made, tuple) else made
         if not isinstance(model, nn.Module):
             raise ValueError(f"--adapt {config.adapt}: the factory returned {type(model).__name__}, not an nn.Module")
-        if config.norm == "fixup":
+        method = config.init or ("fixup" if config.norm == "fixup" else "")
+        if method:
             example, _ = next(self._load(self.data.train, [[0, 1]]))
-            model, _ = adapt(model, example)
+            model, _ = adapt(model, example, method=method)
         return model
 
     # -- data -------------------------------------------------------------------------------------

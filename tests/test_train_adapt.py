@@ -1,0 +1,61 @@
+"""``fixup train --adapt module:factory`` adapts a user's model by the method ``--init`` names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+def build(num_classes=10, in_channels=1):
+    return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), Block(8), Block(8),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+'''
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> str:
+    path = tmp_path / "user_cnn.py"
+    path.write_text(FACTORY)
+    return f"{path}:build"
+
+
+def _fit(factory: str, **fields: object):
+    from fixup.train import TrainConfig, fit
+
+    config = TrainConfig(adapt=factory, batch_size=64, max_updates=2, epochs=1, checkpoint=False, device="cpu",
+                         **fields)
+    return fit(config, out_dir=None, progress=False)
+
+
+@pytest.mark.parametrize("init", ["rezero", "skipinit"])
+def test_init_names_the_method_the_users_model_is_adapted_by(factory: str, init: str) -> None:
+    result = _fit(factory, init=init)
+    assert result.outcome.status == "completed"
+    groups = {g["name"] for g in result.param_groups}
+    assert "gates" in groups, groups  # a gate at 0 on each branch (before, --init was ignored: trained as built)
+
+
+def test_without_init_the_model_is_fixup_adapted_and_norm_none_trains_it_as_built(factory: str) -> None:
+    fixup = {g["name"] for g in _fit(factory).param_groups}
+    assert "scalars" in fixup and "gates" not in fixup
+    assert {g["name"] for g in _fit(factory, norm="none").param_groups} <= {"weights", "no_decay", "default"}
+
+
+def test_a_method_adapt_cannot_apply_is_refused_naming_what_works(factory: str) -> None:
+    with pytest.raises(ValueError, match="nf_resnet"):
+        _fit(factory, init="nf_resnet")
