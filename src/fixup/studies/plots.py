@@ -72,7 +72,9 @@ def plot_depth(summary: Mapping[str, Any], labels: Mapping[str, str], path: Path
     ax.set_xlabel("depth (layers)")
     ax.set_ylabel("test accuracy after the first epoch (%)")
     ax.set_title("mean ± std over seeds; x diverged, v collapsed (k/n, drawn at chance)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: no line hidden
+    fig.set_size_inches(10.0, 4.6)
+    fig.tight_layout()
     return _save(fig, path, drawn)
 
 
