@@ -33,7 +33,7 @@ def test_depth_figure_marks_failed_cells_with_k_of_n(tmp_path):
                 ("lsuv", 0.3, "collapsed" if (d, s) == (1000, 1) else "completed"))]
     (png,) = depth.figures(depth.summarise(recs, grid), tmp_path)
     w, h = png_size(png)
-    assert (w, h) == (840, 552)  # 7.0 x 4.6 inches at 120 dpi
+    assert (w, h) == (1200, 552)  # 10.0 x 4.6 inches at 120 dpi: the axes and the legend beside them
     series = _data(png)["series"]
     fixup10 = next(p for p in series["fixup"] if p["depth"] == 10)
     assert fixup10["mean"] == pytest.approx(55.0) and fixup10["std"] == pytest.approx(7.07, abs=0.01)
