@@ -27,9 +27,10 @@ def config(tmp_path, **changes):
 
 def test_recipe_defaults_follow_the_paper():
     cfg = translation_config()
-    # fairseq's Adam decays decoupled (AdamW); the scalars learn at 0.1x the rate (docs/translation.md).
+    # fairseq's Adam decays decoupled (AdamW) and trains every parameter at the full rate, the scalars too (0.1x
+    # measured no better, docs/translation.md).
     assert (cfg.optimizer, cfg.betas, cfg.schedule, cfg.label_smoothing) == ("adamw", (0.9, 0.98), "inverse_sqrt", 0.1)
-    assert (cfg.weight_decay, cfg.scalar_lr_mult, cfg.scalar_weight_decay) == (1e-4, 0.1, -1.0)
+    assert (cfg.weight_decay, cfg.scalar_lr_mult, cfg.scalar_weight_decay) == (1e-4, 1.0, -1.0)
     assert cfg.model == "transformer_iwslt_de_en" and cfg.norm == "fixup" and cfg.task == "translation"
     assert (cfg.warmup_steps, cfg.max_updates, cfg.lr) == (4000, 200000, 5e-4)
     tiny = translation_config("tiny", extra={"bleu_limit": 0})
@@ -43,7 +44,7 @@ def test_recipe_decays_every_parameter_decoupled_from_the_gradient():
     would move it by about lr, whatever its size); the scalars decay too, at their own rate."""
     from fixup.train.optim import build_optimizer
 
-    cfg = translation_config("tiny", lr=0.01, weight_decay=0.5)
+    cfg = translation_config("tiny", lr=0.01, weight_decay=0.5, scalar_lr_mult=0.1)
     model = fixup.create_model("transformer_tiny", src_vocab=20, tgt_vocab=20, **TINY)
     with torch.no_grad():
         for p in model.parameters():

@@ -238,7 +238,7 @@ _QUICK = dict(
 )
 
 # A plateau translation cell in the image cells' unit (the quick cell: 48 s of one core for 1.2e6): about 240 s of
-# one core (the tiny recipe's run with beam 4 took 196-198 s of CPU on the loaded 2-core machine, n=4, and the
+# one core (the tiny recipe's run with beam 4 took 158-199 s of CPU on the loaded 2-core machine, n=8, and the
 # deep cell adds 12 evaluations of ~3 s and beam 5), x 25,000.
 COST_PLATEAU_CELL = 6.0e6
 

@@ -9,7 +9,7 @@ it the generated task is used. Decoding: ``--beam``, ``--lenpen``, ``--average-l
 Defaults differ from ``fixup train`` (whose defaults the option list below shows): they come from
 ``--recipe``: ``tiny`` (default; transformer_tiny on a CPU: Adam (0.9, 0.98) with decoupled weight decay
 1e-4 (adamw, as fairseq's Adam), lr 3e-3, inverse_sqrt after 100 warm-up steps, 600 updates of 2048 tokens,
-label smoothing 0.1, dropout 0.1, Fixup's scalars at 0.1x the rate) or ``iwslt`` (the paper's:
+label smoothing 0.1, dropout 0.1, Fixup's scalars at the full rate) or ``iwslt`` (the paper's:
 transformer_iwslt_de_en, lr 5e-4, 4000 warm-up steps, 200000 updates, dropout 0.3).
 """
 
