@@ -38,7 +38,7 @@ class Bias(nn.Module):
             self.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.bias
+        return x + self.bias.to(x.dtype)  # in x's dtype: under bf16 autocast, no promotion of x to float32
 
 
 class Scale(nn.Module):
@@ -53,7 +53,7 @@ class Scale(nn.Module):
             self.scale.fill_(1.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * self.scale
+        return x * self.scale.to(x.dtype)  # in x's dtype, as Bias
 
 
 class Gate(Scale):

@@ -108,11 +108,13 @@ class WideBlock(nn.Module):
         (training, p > 0) the shift before conv2 is applied to the tensor, as dropout(h + b2a) requires.
         """
         b1a, b1b, b2a, b2b, s = self._scalars()
-        a = F.relu(x) if b1a is None else (x + b1a).relu_()
+        # The scalars join in the activation's dtype: under bf16 autocast a float32 scalar would promote the
+        # whole stream to float32 (a copy per block, and both dtypes kept for backward).
+        a = F.relu(x) if b1a is None else (x + b1a.to(x.dtype)).relu_()
         h = lean_conv2d(a, self.conv1, bias=b1b).relu_()
         p = self.dropout.p if isinstance(self.dropout, nn.Dropout) else 0.0
         if self.training and p > 0:
-            h = F.dropout(h if b2a is None else h + b2a, p, True)
+            h = F.dropout(h if b2a is None else h + b2a.to(h.dtype), p, True)
             b2a = None
         out = lean_conv2d(h, self.conv2, shift=b2a, scale=s, bias=b2b)
         shortcut = x if self.projection is None else self.projection(a)
