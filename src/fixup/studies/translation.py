@@ -61,9 +61,11 @@ def _finite(v: Any) -> float | None:
 def plan(grid: Grid, store: Store) -> Plan:
     g = grid.translation
     tasks = []
-    for method in g.methods:
-        for dropout in g.dropouts:
-            for seed in range(_seeds(grid)):
+    # seed by seed: a run taken in plan order (the deep tier's, hours long) has every method at every dropout
+    # at n=1 before any at n=2
+    for seed in range(_seeds(grid)):
+        for method in g.methods:
+            for dropout in g.dropouts:
                 extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
                 train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed,
                          "device": grid.device, "max_updates": g.max_updates, "warmup_steps": g.warmup_steps,
