@@ -24,13 +24,21 @@ def _branch_convs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     return [(b.conv1, b.conv2) for b in model.modules() if isinstance(b, fixup.models.resnet_cifar.BasicBlock)]
 
 
-@pytest.mark.parametrize(("norm", "init"), [("batchnorm", "fixup_no_bias"), ("batchnorm", "lsuv"), ("none", "fixup"),
-                                            ("fixup", "he"), ("groupnorm", "sqrt2"), ("fixup", "fixup_scale_x2")])
-def test_combinations_that_make_no_sense_are_refused_with_the_list(norm: str, init: str) -> None:
+@pytest.mark.parametrize(("norm", "init", "own"), [
+    ("batchnorm", "fixup_no_bias", "fixup"), ("batchnorm", "lsuv", "none"),
+                                                   ("none", "fixup", "fixup"), ("fixup", "he", "none"),
+                                                   ("groupnorm", "sqrt2", "none")])
+def test_a_method_given_a_norm_it_does_not_have_is_refused_naming_its_own(norm: str, init: str, own: str) -> None:
+    with pytest.raises(ValueError, match=rf"init='{init}' is the method '{init}', which has norm='{own}', not "
+                                         rf"norm='{norm}'; leave the norm out .* or give norm='{own}'"):
+        fixup.create_model("resnet20", norm=norm, init=init)
+
+
+def test_an_unknown_init_is_refused_with_the_list() -> None:
     with pytest.raises(ValueError, match=r"does not combine.*norm='fixup' with init in .*'fixup_no_scale'.*"
                                          r"norm='none' with init in \('he', 'xavier', 'lsuv', 'sqrt2', 'skipinit', "
                                          r"'rezero', 'nf_resnet', 'nf_resnet_skipinit', 't_fixup'\)"):
-        fixup.create_model("resnet20", norm=norm, init=init)
+        fixup.create_model("resnet20", norm="fixup", init="fixup_scale_x2")
 
 
 def test_every_listed_combination_resolves_and_defaults_are_fixup_and_he() -> None:
