@@ -25,9 +25,8 @@ def _branch_convs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
 
 
 @pytest.mark.parametrize(("norm", "init", "own"), [
-    ("batchnorm", "fixup_no_bias", "fixup"), ("batchnorm", "lsuv", "none"),
-                                                   ("none", "fixup", "fixup"), ("fixup", "he", "none"),
-                                                   ("groupnorm", "sqrt2", "none")])
+    ("batchnorm", "fixup_no_bias", "fixup"), ("batchnorm", "lsuv", "none"), ("none", "fixup", "fixup"),
+    ("fixup", "he", "none"), ("groupnorm", "sqrt2", "none")])
 def test_a_method_given_a_norm_it_does_not_have_is_refused_naming_its_own(norm: str, init: str, own: str) -> None:
     with pytest.raises(ValueError, match=rf"init='{init}' is the method '{init}', which has norm='{own}', not "
                                          rf"norm='{norm}'; leave the norm out .* or give norm='{own}'"):
