@@ -53,16 +53,16 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
     elif config.clip == "auto":
         clip, clip_from = "norm", "default"
         clip_note = (f"clip=norm at {config.grad_clip:g}: the engine's default; {name}'s recipe prescribes no clipping"
-                     + (" (grad_clip=0: off)" if not config.grad_clip else ""))
+                     + (" (grad_clip 0: off)" if not config.grad_clip else ""))
     else:
         clip, clip_from = config.clip, "explicit"
         clip_note = f"clip={clip}: set explicitly" + (
             f", in place of {name}'s recipe ({method.clip})" if method.clip and method.clip != clip else "")
     if method.warmup:
-        warm_from, warm_note = "explicit", f"warmup_steps={config.warmup_steps}: as configured"
+        warm_from, warm_note = "explicit", "the warm-up as configured (warmup_steps)"
     elif config.warmup_steps:
         warm_from = "explicit"
-        warm_note = f"warmup_steps={config.warmup_steps}: set explicitly, although {name}'s recipe has no warm-up"
+        warm_note = f"the warm-up set explicitly (warmup_steps), although {name}'s recipe has no warm-up"
     else:
         warm_from, warm_note = "method", f"no warm-up: {name}'s recipe"
     recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note))
