@@ -147,6 +147,7 @@ def slow_to_stop_cell(cell: Cell, work: Path) -> dict:
     return pid_cell(cell, work)
 
 
+@pytest.mark.slow  # passes here; on a fresh clone under load the run twice took over 60 s to return (not understood)
 def test_a_stopped_run_releases_its_folder_only_after_its_workers_have_stopped(tmp_path):
     script = (f"import sys, os, signal; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
               "from test_studies_store import slow_to_stop_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
