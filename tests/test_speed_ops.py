@@ -14,7 +14,7 @@ from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
-from fixup.perf.ops import lean_conv2d, ones_response, set_lean
+from fixup.perf.ops import _AddBorder, lean_conv2d, ones_response, set_lean
 
 
 def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:
@@ -153,3 +153,23 @@ def test_lean_path_still_rejects_mismatched_residual_shapes():
     bare.conv2 = nn.Conv2d(4, 5, 3, 1, 1, bias=False)
     with pytest.raises(ValueError, match="must match exactly"):
         bare(torch.randn(1, 4, 6, 6))
+
+
+@pytest.mark.parametrize("stride,padding,dilation,size", [(1, 1, 1, (7, 9)), (2, 1, 1, (8, 7)), (1, 2, 2, (6, 6)),
+                                                          (2, 3, 1, (5, 4))])
+def test_add_border_adds_the_shift_response_beyond_its_interior_with_exact_gradients(stride, padding, dilation, size):
+    """The compiled path's border function: ``out + conv(1, W) - W.sum()`` (zero inside the image), with a
+    backward that reads only the border, checked numerically in float64, double backward included."""
+    conv = nn.Conv2d(3, 4, 3, stride, padding, dilation, bias=False).double()
+    summed = torch.randn(4, 3, 3, dtype=torch.float64, requires_grad=True)
+    out_shape = (2, 4, *[(n + 2 * padding - dilation * 2 - 1) // stride + 1 for n in size])
+    base = torch.randn(out_shape, dtype=torch.float64, requires_grad=True)
+
+    def add_border(out, kernel):
+        return _AddBorder.apply(out.clone(), kernel, size, conv)
+
+    expected = base + (F.conv2d(torch.ones(1, 3, *size, dtype=torch.float64), summed[:, None].expand(4, 3, 3, 3) / 3,
+                                None, stride, padding, dilation) - summed.sum((1, 2))[:, None, None])
+    torch.testing.assert_close(add_border(base, summed), expected)
+    assert torch.autograd.gradcheck(add_border, (base, summed))
+    assert torch.autograd.gradgradcheck(add_border, (base, summed))

@@ -13,9 +13,12 @@ The same function can be computed keeping only what the bare network keeps, by l
   ``conv(x + b, W) = conv(x, W) + b * W.sum((1, 2, 3))``, a per-channel bias inside the convolution;
 - a scalar bias before a zero-padded convolution: ``conv(x + b, W) = conv(x, W) + b * conv(1, W)``, where
   ``conv(1, W)`` is the convolution of an all-ones image, a per-channel map that is constant inside the
-  image and differs only at the zero-padded border. It equals ``conv(1, W.sum(1))`` over a single
-  channel, so it costs a convolution of one (1, 1, H, W) image. The big convolution then saves ``x``
-  itself, which the previous ReLU already keeps;
+  image and differs only at the zero-padded border. Which kernel taps read inside the image factorises
+  into rows and columns, so ``conv(1, W)[o, i, j] = sum_ab W.sum(1)[o, a, b] R[a, i] C[b, j]`` with 0/1
+  matrices ``R`` and ``C``: two small matrix products, whose backward is two more (a one-channel
+  convolution computes the same map, but its weight gradient runs on PyTorch's slow reference kernel:
+  ``fixup bench``'s profile). The big convolution then saves ``x`` itself, which the previous ReLU
+  already keeps;
 - a multiplier after a layer: ``s * layer(u, W) = layer(u, s * W)``; autograd then finds ``d/ds`` from
   the weight gradient, and the layer's output need not be kept;
 - a scalar bias after a layer, and the maps above, ride in the layer's bias or are added in place to
@@ -79,15 +82,40 @@ def plain_linear(linear: nn.Module) -> bool:
     return type(linear) is nn.Linear
 
 
+def _taps_inside(n: int, k: int, s: int, p: int, d: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(k, n_out) 0/1 matrix along one axis: whether kernel tap ``a`` of output ``i`` reads inside the image
+    (rather than the zero padding)."""
+    out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+    pos = torch.arange(out, device=device)[None, :] * s - p + torch.arange(k, device=device)[:, None] * d
+    return ((pos >= 0) & (pos < n)).to(dtype)
+
+
 def ones_response(weight: Tensor, size: tuple[int, int], stride: int | tuple[int, int] = 1,
                   padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1) -> Tensor:
     """``conv2d(ones(1, C_in, H, W), weight)``: the response of a zero-padded convolution to a constant 1.
 
-    Computed as a single-channel convolution with the kernel summed over its input channels
-    (needs ``groups=1``). Returns shape (1, C_out, H_out, W_out).
+    Computed from the kernel summed over its input channels (needs ``groups=1``) and, per axis, which taps
+    read inside the image: ``R^T (W.sum(1) C)``, differentiable in ``weight``. Returns shape
+    (1, C_out, H_out, W_out).
     """
-    ones = weight.new_ones((1, 1, *size))
-    return F.conv2d(ones, weight.sum(1, keepdim=True), None, stride, padding, dilation)
+    return summed_response(weight.sum(1), size, stride, padding, dilation)
+
+
+def summed_response(summed: Tensor, size: tuple[int, int], stride: int | tuple[int, int] = 1,
+                    padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,
+                    channels_last: bool = False) -> Tensor:
+    """:func:`ones_response` from the kernel already summed over its input channels, shape (C_out, kh, kw);
+    ``channels_last`` lays the result out with channels innermost (strides of a channels-last tensor)."""
+    (sh, sw), (ph, pw), (dh, dw) = (torch.nn.modules.utils._pair(v) for v in (stride, padding, dilation))
+    kh, kw = summed.shape[-2:]
+    rows = _taps_inside(int(size[0]), kh, sh, ph, dh, summed.device, summed.dtype)  # (kh, H_out)
+    cols = _taps_inside(int(size[1]), kw, sw, pw, dw, summed.device, summed.dtype)  # (kw, W_out)
+    if channels_last:
+        per_row = torch.matmul(cols.t(), summed.permute(1, 2, 0))  # (kh, W_out, C_out)
+        hwc = torch.matmul(rows.t(), per_row.flatten(1)).view(rows.shape[1], cols.shape[1], -1)
+        return hwc.permute(2, 0, 1).unsqueeze(0)
+    per_row = torch.matmul(summed, cols)  # (C_out, kh, W_out)
+    return torch.matmul(rows.t(), per_row).unsqueeze(0)  # (1, C_out, H_out, W_out)
 
 
 def _border_extent(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
@@ -97,6 +125,51 @@ def _border_extent(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, in
     lead = next((i for i, r in enumerate(reads_pad) if not r), out)
     trail = next((i for i, r in enumerate(reversed(reads_pad)) if not r), out)
     return out, lead, min(trail, out - lead)
+
+
+def _border_regions(size: tuple[int, int], conv: nn.Conv2d) -> list[tuple[slice, slice]]:
+    """The output rows and columns of ``conv`` on an input of ``size`` that read its zero padding, as at most
+    four disjoint rectangles (top and bottom rows, then the left and right columns between them)."""
+    (ho, t, b), (wo, left, right) = (_border_extent(n, k, s, p, d) for n, k, s, p, d in
+                                      zip(size, conv.kernel_size, conv.stride, conv.padding, conv.dilation))
+    regions = [(slice(0, t), slice(0, wo)), (slice(ho - b, ho), slice(0, wo)),
+               (slice(t, ho - b), slice(0, left)), (slice(t, ho - b), slice(wo - right, wo))]
+    return [r for r in regions if r[0].stop > r[0].start and r[1].stop > r[1].start]
+
+
+class _AddBorder(torch.autograd.Function):
+    """``out + (conv(1, W) - W.sum())``, given the kernel summed over its input channels: the border part of
+    a shift's response, zero inside the image, added in place to the rectangles that read the padding.
+
+    Autograd alone would reduce the gradient of a (1, C, H, W) map over the whole batch (and copy the whole
+    gradient once per in-place slice); the kernel's gradient needs only the border rectangles' sums over
+    the batch, which ``backward`` takes. The output's gradient passes through unchanged. ``backward`` is
+    written in differentiable operations, so double backward works.
+    """
+
+    @staticmethod
+    def forward(ctx, out: Tensor, summed: Tensor, size: tuple[int, int], conv: nn.Conv2d) -> Tensor:
+        geometry = (conv.stride, conv.padding, conv.dilation)
+        ctx.regions, ctx.geometry, ctx.size, ctx.dtype = _border_regions(size, conv), geometry, size, summed.dtype
+        ctx.kernel = tuple(summed.shape[-2:])
+        # One whole-map addition, which inductor fuses with the next operation, in the channels-last layout
+        # that it gives a CPU convolution's output.
+        corr = summed_response(summed, size, *geometry, channels_last=True)[0]
+        out.add_((corr - summed.sum((1, 2))[:, None, None]).to(out.dtype))
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        border = grad.new_zeros(grad.shape[1:], dtype=ctx.dtype)  # the batch's gradient summed, on the border
+        for rows, cols in ctx.regions:
+            border[:, rows, cols] = grad[:, :, rows, cols].sum(0).to(ctx.dtype)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (torch.nn.modules.utils._pair(v) for v in
+                                                  (ctx.kernel, *ctx.geometry))
+        rows = _taps_inside(int(ctx.size[0]), kh, sh, ph, dh, grad.device, ctx.dtype)  # (kh, H_out)
+        cols = _taps_inside(int(ctx.size[1]), kw, sw, pw, dw, grad.device, ctx.dtype)  # (kw, W_out)
+        summed = torch.matmul(torch.matmul(rows, border), cols.t()) - border.sum((1, 2))[:, None, None]
+        return grad, summed, None, None
 
 
 class ShiftedConv2d(nn.Conv2d):
@@ -192,16 +265,22 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     if vector is not None and scale is not None:
         vector = vector * scale
     add = None  # a map varying over positions, added to the output in place
+    border = None  # compiled: the shift on the kernel summed over its input channels, for _AddBorder
     if shift is not None:
-        if _padded(conv):
-            # shift * conv(1, W), with the shift on the small summed kernel: backward keeps that kernel and a
-            # one-channel image of ones rather than a (1, C_out, H, W) map.
-            ones = weight.new_ones((1, 1, *x.shape[-2:]))
-            add = F.conv2d(ones, weight.sum(1, keepdim=True) * shift, None, conv.stride, conv.padding,
-                           conv.dilation)
-        else:
-            response = weight.sum((1, 2, 3)) * shift
+        summed = weight.sum(1) * shift  # the shift on the small summed kernel, not on a (1, C_out, H, W) map
+        if not _padded(conv):
+            response = summed.sum((1, 2))
             vector = response if vector is None else vector + response
+        elif torch.compiler.is_compiling():
+            # shift * W.sum() per channel in the convolution's bias, and the border's difference added after
+            # it, whose gradient is reduced over the border only (_AddBorder).
+            response = summed.sum((1, 2))
+            vector = response if vector is None else vector + response
+            border = summed
+        else:
+            # Eager, one map shift * conv(1, W) added in place, whose gradient autograd reduces over the batch,
+            # beats a custom function touching the border only (``fixup bench``, CIFAR and bottleneck ResNets).
+            add = summed_response(summed, x.shape[-2:], conv.stride, conv.padding, conv.dilation)
     if bias is not None:
         as_vector = _channel_vector(bias, channels)
         if add is None and as_vector is not None:
@@ -209,6 +288,8 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
         else:  # one map for all position-dependent terms: a single in-place addition and reduction
             add = bias if add is None else add + bias
     out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
+    if border is not None:
+        out = _AddBorder.apply(out, border, tuple(x.shape[-2:]), conv)
     if add is None:
         return out
     pairs = zip(reversed(add.shape), reversed(out.shape))
