@@ -84,6 +84,9 @@ def test_fold_layer_shift_before_a_padded_convolution_is_exact(stride, padding, 
         assert isinstance(folded, ShiftedConv2d) == (padding > 0)
         torch.testing.assert_close(folded(x), ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(folded(x), ref, rtol=1e-5, atol=1e-5)  # from the cached border
+        # compiled, the border is one whole-map addition (traced as inductor would see it)
+        compiled = torch.compile(folded, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_fold_layer_linear_and_its_errors():

@@ -31,8 +31,8 @@ The same function can be computed keeping only what the bare network keeps, by l
 These are generic helpers: each residual block owns its lean forward (``lean_forward``) and decides,
 by ``lean_ready()``, whether it applies; nothing here reads a block's attributes. Everything but
 :class:`_AddBorder` is ordinary autograd, and its backward is written in differentiable operations, so
-double backward, ``torch.compile`` and activation checkpointing work unchanged. tests/test_speed_ops.py and tests/test_lean_families.py compare outputs and gradients with
-the straightforward forward.
+double backward, ``torch.compile`` and activation checkpointing work unchanged. tests/test_speed_ops.py
+and tests/test_lean_families.py compare outputs and gradients with the straightforward forward.
 """
 
 from __future__ import annotations
@@ -145,14 +145,29 @@ def _border_regions(size: tuple[int, int], conv: nn.Conv2d) -> list[tuple[slice,
     return [r for r in regions if r[0].stop > r[0].start and r[1].stop > r[1].start]
 
 
-class _AddBorder(torch.autograd.Function):
-    """``out + (conv(1, W) - W.sum())``, given the kernel summed over its input channels: the border part of
-    a shift's response, zero inside the image, added in place to the rectangles that read the padding.
+def _border_map(summed: Tensor, size: tuple[int, int], geometry: tuple) -> Tensor:
+    """``conv(1, W) - W.sum()`` per output channel, (C_out, H_out, W_out), zero inside the image, from the
+    kernel summed over its input channels (C_out, kh, kw); ``geometry`` is (stride, padding, dilation).
 
-    Autograd alone would reduce the gradient of a (1, C, H, W) map over the whole batch (and copy the whole
-    gradient once per in-place slice); the kernel's gradient needs only the border rectangles' sums over
-    the batch, which ``backward`` takes. The output's gradient passes through unchanged. ``backward`` is
-    written in differentiable operations, so double backward works.
+    ``conv(1, W)[o, i, j] = sum_ab summed[o, a, b] rows[a, i] cols[b, j]``: two small matrix products (a
+    one-channel convolution's weight gradient runs on a slow reference kernel under inductor), laid out
+    channels-last, as inductor lays out a CPU convolution's output, so that adding the map to it is one
+    vectorised pass that inductor fuses with the next operation.
+    """
+    rows, cols = _tap_matrices(summed, size, geometry)
+    per_row = torch.matmul(cols.t(), summed.permute(1, 2, 0))  # (kh, W_out, C_out)
+    hwc = torch.matmul(rows.t(), per_row.flatten(1)).view(rows.shape[1], cols.shape[1], -1)
+    return hwc.permute(2, 0, 1) - summed.sum((1, 2))[:, None, None]
+
+
+class _AddBorder(torch.autograd.Function):
+    """``out + (conv(1, W) - W.sum())`` in place (:func:`_border_map`), given the kernel summed over its input
+    channels: the border part of a shift's response, for the compiled lean path.
+
+    Autograd alone would reduce the gradient of a (C, H, W) map over the whole batch; the kernel's gradient
+    needs only the batch's gradient summed over the border rectangles, which ``backward`` takes. The
+    output's gradient passes through unchanged. ``backward`` is written in differentiable operations, so
+    double backward works.
     """
 
     @staticmethod
@@ -160,15 +175,7 @@ class _AddBorder(torch.autograd.Function):
         geometry = (conv.stride, conv.padding, conv.dilation)
         ctx.regions, ctx.geometry, ctx.size, ctx.dtype = _border_regions(size, conv), geometry, size, summed.dtype
         ctx.kernel = tuple(summed.shape)
-        # conv(1, W)[o, i, j] = sum_ab summed[o, a, b] rows[a, i] cols[b, j]: two small matrix products (a
-        # one-channel convolution's weight gradient runs on a slow reference kernel under inductor), laid out
-        # channels-last as inductor lays out a CPU convolution's output, in one whole-map addition that
-        # inductor fuses with the next operation.
-        rows, cols = _tap_matrices(summed, size, geometry)
-        per_row = torch.matmul(cols.t(), summed.permute(1, 2, 0))  # (kh, W_out, C_out)
-        hwc = torch.matmul(rows.t(), per_row.flatten(1)).view(rows.shape[1], cols.shape[1], -1)
-        corr = hwc.permute(2, 0, 1) - summed.sum((1, 2))[:, None, None]
-        out.add_(corr.to(out.dtype))
+        out.add_(_border_map(summed, size, geometry).to(out.dtype))
         ctx.mark_dirty(out)
         return out
 
@@ -188,8 +195,9 @@ class ShiftedConv2d(nn.Conv2d):
     The interior part of ``shift * conv(1)``, ``shift * W.sum((1, 2, 3))``, is already in ``bias`` (folded
     by :func:`fold_layer`); ``forward`` adds ``shift * (conv(1) - W.sum((1, 2, 3)))`` to the output rows and
     columns that read the padding, in place. The correction is cached per input size and recomputed when
-    the weight, bias or shift change (``_version``). For inference: under autograd the in-place slices are
-    correct but copy gradients, so train the unfolded model instead.
+    the weight, bias or shift change (``_version``); compiled, it is one whole-map addition
+    (:func:`_border_map`) that inductor fuses with the next operation. For inference: under autograd the
+    in-place slices are correct but copy gradients, so train the unfolded model instead.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -216,15 +224,15 @@ class ShiftedConv2d(nn.Conv2d):
     def forward(self, x: Tensor) -> Tensor:
         out = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         size = (x.shape[-2], x.shape[-1])
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # one fused whole-map addition rather than four slice updates
+            summed = self.weight.sum(1) * self.shift
+            return out.add_(_border_map(summed, size, (self.stride, self.padding, self.dilation)).to(out.dtype))
+        key = (size, x.device, x.dtype, self.weight._version, self.shift._version,
+               None if self.bias is None else self.bias._version)
+        pieces = self._borders.get(key)
+        if pieces is None:
             pieces = self._pieces(size)
-        else:
-            key = (size, x.device, x.dtype, self.weight._version, self.shift._version,
-                   None if self.bias is None else self.bias._version)
-            pieces = self._borders.get(key)
-            if pieces is None:
-                pieces = self._pieces(size)
-                self._borders = {key: pieces}
+            self._borders = {key: pieces}
         for (rows, cols), piece in pieces:
             out[:, :, rows, cols] += piece.to(out.dtype)
         return out
