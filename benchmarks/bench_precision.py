@@ -1,13 +1,17 @@
-"""bfloat16 autocast against float32: final accuracy (n seeds, paired) and epoch time, on the embedded data.
+"""bfloat16 (or float16) autocast against float32: final accuracy (n seeds, paired) and epoch time, on the
+embedded data.
 
 Each run is a fresh ``fixup train`` / ``fixup translate`` process (one torch thread, ``nice -n 5``, at most
-``--parallel`` at a time) with ``--precision fp32`` or ``--precision bf16``, every other option the same; the
+``--parallel`` at a time) with ``--precision fp32`` or the low precision (``--low``: ``bf16``, or ``fp16``,
+which the engine runs with a gradient scaler), every other option the same; the
 two precisions of one seed start from the same weights and batches, so their accuracies are compared per seed.
 Per run it keeps the final test accuracy (token accuracy on the valid split for the Transformer, and its
 test BLEU), the median epoch time, and how far the Fixup scalars moved from their initial values (multipliers
-from 1, biases from 0; the engine's scalar summary), which says whether their small updates survive bf16.
+from 1, biases from 0; the engine's scalar summary), which says whether their small updates survive the low
+precision.
 
     python benchmarks/bench_precision.py --cases resnet56 wrn100 transformer --seeds 0 1 2 --json prec.json
+    python benchmarks/bench_precision.py --low fp16 --cases resnet56 --seeds 0 1 2 --json prec_fp16.json
 
 See docs/performance.md ("bfloat16 autocast").
 """
@@ -87,20 +91,20 @@ def _mean_of(values) -> float | None:
     return statistics.mean(xs) if xs else None
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """Per case: accuracy per precision (percent), the paired bf16 - fp32 difference, the epoch-time ratio."""
+def summarise(rows: list[dict], low: str = "bf16") -> list[dict]:
+    """Per case: accuracy per precision (percent), the paired ``low`` - fp32 difference, the epoch-time ratio."""
     out = []
     for case in dict.fromkeys(r["case"] for r in rows):
         by = {(r["precision"], r["seed"]): r for r in rows if r["case"] == case and "error" not in r}
-        seeds = sorted({s for p, s in by if ("fp32", s) in by and ("bf16", s) in by})
-        acc = {p: [100 * by[p, s]["test_acc"] for s in seeds] for p in ("fp32", "bf16")}
-        out.append({"case": case, "n": len(seeds), "fp32": _mean_std(acc["fp32"]), "bf16": _mean_std(acc["bf16"]),
-                    "bf16_minus_fp32": _mean_std([b - f for b, f in zip(acc["bf16"], acc["fp32"])]),
-                    "epoch_time_ratio": _mean_std([by["bf16", s]["epoch_s"] / by["fp32", s]["epoch_s"]
+        seeds = sorted({s for p, s in by if ("fp32", s) in by and (low, s) in by})
+        acc = {p: [100 * by[p, s]["test_acc"] for s in seeds] for p in ("fp32", low)}
+        out.append({"case": case, "n": len(seeds), "fp32": _mean_std(acc["fp32"]), low: _mean_std(acc[low]),
+                    f"{low}_minus_fp32": _mean_std([b - f for b, f in zip(acc[low], acc["fp32"])]),
+                    "epoch_time_ratio": _mean_std([by[low, s]["epoch_s"] / by["fp32", s]["epoch_s"]
                                                    for s in seeds]),
                     # how far the scalars moved (the engine's summary): per precision, mean over seeds
                     **{f"{key}_{p}": _mean_of(by[p, s]["scalars"].get(key) for s in seeds)
-                       for key in ("scale_max_move", "bias_mean_abs") for p in ("fp32", "bf16")},
+                       for key in ("scale_max_move", "bias_mean_abs") for p in ("fp32", low)},
                     "errors": [r for r in rows if r["case"] == case and "error" in r]})
     return out
 
@@ -112,20 +116,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=2, help="runs at a time, one thread each (default: %(default)s)")
     p.add_argument("--out", default="runs/precision", help="run folders (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the runs and the summary as JSON")
+    p.add_argument("--low", choices=["bf16", "fp16"], default="bf16",
+                   help="the precision compared with fp32 (fp16: autocast, gradient scaler; default: %(default)s)")
     args = p.parse_args(argv)
+    low = args.low
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(c, prec, s) for c in args.cases for s in args.seeds for prec in ("fp32", "bf16")]
+    jobs = [(c, prec, s) for c in args.cases for s in args.seeds for prec in ("fp32", low)]
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         rows = list(pool.map(lambda job: run_one(*job, out), jobs))
-    summary = summarise(rows)
-    print("| case | n | fp32 acc % | bf16 acc % | bf16 - fp32 (paired) | bf16 / fp32 epoch time | "
-          "multipliers' largest move from 1, fp32 / bf16 | stage biases' mean abs, fp32 / bf16 |")
+    summary = summarise(rows, low)
+    print(f"| case | n | fp32 acc % | {low} acc % | {low} - fp32 (paired) | {low} / fp32 epoch time | "
+          f"multipliers' largest move from 1, fp32 / {low} | stage biases' mean abs, fp32 / {low} |")
     print("|---|---:|---|---|---|---|---|---|")
     for s in summary:
         moves = [f"{s[k]:.2g}" if s[k] is not None else "-" for k in
-                 ("scale_max_move_fp32", "scale_max_move_bf16", "bias_mean_abs_fp32", "bias_mean_abs_bf16")]
-        print(f"| {s['case']} | {s['n']} | {s['fp32']} | {s['bf16']} | {s['bf16_minus_fp32']} | "
+                 ("scale_max_move_fp32", f"scale_max_move_{low}", "bias_mean_abs_fp32", f"bias_mean_abs_{low}")]
+        print(f"| {s['case']} | {s['n']} | {s['fp32']} | {s[low]} | {s[f'{low}_minus_fp32']} | "
               f"{s['epoch_time_ratio']} | {moves[0]} / {moves[1]} | {moves[2]} / {moves[3]} |")
         for e in s["errors"]:
             print(f"  error: {e['precision']} seed {e['seed']}: {e['error']}")
