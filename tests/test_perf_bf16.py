@@ -1,4 +1,5 @@
-"""The training engine under bf16 autocast keeps Fixup's parameters float32 and moves its scalars as float32 does."""
+"""The training engine under bf16 (and fp16) autocast keeps Fixup's parameters float32 and moves its scalars as
+float32 does."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def test_engine_bf16_keeps_float32_parameters_and_the_scalars_updates():
     # the updates are mostly below bf16's spacing near 1 (2^-7), yet bf16 autocast keeps them as float32 does
     assert (fp32.abs() < 2**-7).float().mean() > 0.5
     assert (bf16 - fp32).norm() < 0.2 * fp32.norm(), ((bf16 - fp32).norm(), fp32.norm())
+
+
+def test_engine_fp16_scales_the_loss_keeps_float32_parameters_and_moves_the_scalars():
+    """fp16 autocast with the gradient scaler: every gradient, the scalars' included, is unscaled before the
+    float32 step; the epoch's record gives the loss scale (65536 at the start, halved per skipped step)."""
+    runs = {}
+    for precision in ("fp32", "fp16"):
+        config = TrainConfig(depth=8, epochs=1, max_updates=4, batch_size=16, precision=precision, seed=0)
+        runs[precision] = fit(config, progress=False)
+    assert "loss_scale" not in runs["fp32"].history[-1]
+    assert runs["fp16"].history[-1]["loss_scale"] == 2.0**16  # no step of these four overflowed: none skipped
+    for p in runs["fp16"].model.parameters():
+        assert p.dtype == torch.float32
+    fp32, fp16 = (_moves(r.model) for r in (runs["fp32"], runs["fp16"]))
+    assert (fp16 != 0).float().mean() > 0.8
+    assert (fp16 - fp32).norm() < 0.2 * fp32.norm(), ((fp16 - fp32).norm(), fp32.norm())

@@ -380,6 +380,8 @@ class _Run:
         if (self.epoch + 1) % self.config.eval_every == 0 or last:
             record.update(self._evaluate())
         record.update(self.watch.record())
+        if self.scaler.is_enabled():  # fp16: the gradient scaler's loss scale, halved at each skipped step
+            record["loss_scale"] = float(self.scaler.get_scale())
         record["time_s"] = time.perf_counter() - started
         self.history.append(record)
         self.epoch, self.batch, self.partial = self.epoch + 1, 0, {}
