@@ -165,3 +165,12 @@ def test_reproduce_on_ctrl_c_stops_its_workers_and_says_how_to_resume(tmp_path) 
     lines = [line for line in err.splitlines() if "interrupted by" in line]
     assert len(lines) == 1 and "finished cell(s) kept in" in lines[0], err
     assert lines[0].endswith("to resume run: fixup " + " ".join(argv))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_survives_pickling_as_a_worker_sends_it_back(signum) -> None:
+    import pickle
+
+    back = pickle.loads(pickle.dumps(Interrupted(signum, kept="a checkpoint")))
+    assert isinstance(back, Interrupted) and isinstance(back, KeyboardInterrupt)
+    assert (back.signum, back.kept, back.exit_code) == (signum, "a checkpoint", 128 + signum)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fixup.studies import Cell, Store, Task, run_tasks
+from fixup.studies.runner import STOP_SECONDS
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -145,6 +146,52 @@ def slow_to_stop_cell(cell: Cell, work: Path) -> dict:
 
     signal.signal(signal.SIGTERM, stop)
     return pid_cell(cell, work)
+
+
+def engine_like_cell(cell: Cell, work: Path) -> dict:
+    """Like :func:`pid_cell`, but stops as the training engine does: SIGTERM is a request; the cell then takes a
+    second (its checkpoint), and raises :class:`fixup._signals.Interrupted`, which its worker reports back."""
+    from fixup._signals import Interrupted
+
+    asked: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: asked.append(signum))
+    (work.parents[len(cell.relpath().parts)] / f"pid-{os.getpid()}").write_text(str(os.getpid()))
+    for _ in range(int(cell.config.get("sleep", 60) * 10)):
+        if asked:
+            time.sleep(1.0)
+            (work.parents[len(cell.relpath().parts)] / f"stopped-{os.getpid()}").write_text("")
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            raise Interrupted(asked[0])
+        time.sleep(0.1)
+    return {}
+
+
+def test_a_stopped_run_returns_once_its_cells_have_checkpointed(tmp_path):
+    """A cell stopped as the engine stops reports back and its worker idles: the run must not wait the whole
+    STOP_SECONDS for workers that would never exit by themselves."""
+    script = (f"import sys, time; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
+              "from test_studies_store import engine_like_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
+              "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 300}), engine_like_cell)\n"
+              "         for i in range(2)]\n"
+              "try:\n"
+              f"    run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n"
+              "except KeyboardInterrupt:\n"
+              f"    open({str(tmp_path / 'raised')!r}, 'w').write(str(len(list(__import__('pathlib').Path("
+              f"{str(tmp_path)!r}).glob('stopped-*')))))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while len([p for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
+            assert proc.poll() is None and time.time() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        stopped = time.time()
+        proc.wait(timeout=STOP_SECONDS - 30)  # before: the full STOP_SECONDS
+        assert (tmp_path / "raised").read_text() == "2", "the run returned before its cells had checkpointed"
+        assert time.time() - stopped < STOP_SECONDS / 2
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow  # passes here; on a fresh clone under load the run twice took over 60 s to return (not understood)

@@ -30,6 +30,11 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum, self.kept = int(signum), kept
 
+    def __reduce__(self) -> tuple[type[Interrupted], tuple[int, str]]:
+        # Pickled by its signal's number: a study's worker sends it back to the run that stopped it, and
+        # the default (the exception's args, the signal's name) would not unpickle, breaking the worker pool.
+        return type(self), (self.signum, self.kept)
+
     @classmethod
     def from_name(cls, name: str, kept: str = "") -> Interrupted:
         """From a signal's name (``"SIGINT"``, ``"SIGTERM"``); anything else counts as SIGINT."""

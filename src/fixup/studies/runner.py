@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -271,11 +272,19 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
                 for proc in workers:
                     proc.terminate()
                 deadline = time.monotonic() + STOP_SECONDS
+                # A stopped cell writes its checkpoint and reports back (the engine's SIGTERM); its worker then
+                # waits for work and would never exit by itself, so once every running cell has reported, the
+                # workers are idle and are killed at once. A worker that died instead breaks the pool, and
+                # which of the others are still writing is unknown: each gets until the deadline.
+                wait(pending, timeout=STOP_SECONDS)
+                idle = all(f.done() and (f.cancelled() or not isinstance(f.exception(), BrokenProcessPool))
+                           for f in pending)
                 for proc in workers:
-                    proc.join(max(0.0, deadline - time.monotonic()))
+                    if not idle:
+                        proc.join(max(0.0, deadline - time.monotonic()))
                     if proc.is_alive():
-                        proc.kill()  # its cell resumes from its previous checkpoint
-                        proc.join()
+                        proc.kill()  # idle, or past the deadline: its cell resumes from its last checkpoint
+                    proc.join()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     report("end")
