@@ -127,7 +127,7 @@ def test_failed_cells_are_never_dropped_silently_from_a_mean():
                             {"outcome": "collapsed", "test_acc": 0.1}], 4, lambda r: r["test_acc"])
     assert c.stat.n == 1 and c.stat.n_total == 3 and c.present == 3 and not c.complete
     text = c.format(1, 100, "%")
-    assert text == "90.0 ± 0.0% (n=1 of 4; collapsed 1 of 4, diverged 1 of 4, not finished 1 of 4)"
+    assert text == "90.0% (n=1 of 4; collapsed 1 of 4, diverged 1 of 4, not finished 1 of 4)"
     assert Cells(2, (), {"diverged": 2}).format() == "— (n=0 of 2; diverged 2 of 2)"
     assert Cells.from_dict(c.to_dict()) == c
 

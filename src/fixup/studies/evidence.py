@@ -60,13 +60,14 @@ class Cells:
         return stat([*self.values, *([None] * (self.n_failed + self.no_value))])
 
     def format(self, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
-        """``85.0 ± 2.0% (n=2)``, ``71.0 ± 0.0% (n=1 of 2; diverged 1 of 2)``, ``— (n=0 of 2; diverged 2 of 2)``."""
+        """``85.0 ± 2.0% (n=2)``, ``71.0% (n=1 of 2; diverged 1 of 2)``, ``— (n=0 of 2; diverged 2 of 2)``."""
         s = self.stat
         if s.mean is None:
             text = f"— (n=0 of {self.planned}"
         else:
             of = f" of {self.planned}" if len(self.values) != self.planned else ""
-            text = f"{s.mean * scale:.{digits}f} ± {(s.std or 0.0) * scale:.{digits}f}{unit} (n={len(self.values)}{of}"
+            spread = f" ± {(s.std or 0.0) * scale:.{digits}f}" if len(self.values) > 1 else ""  # one value: no spread
+            text = f"{s.mean * scale:.{digits}f}{spread}{unit} (n={len(self.values)}{of}"
         notes = [f"{name} {k} of {self.planned}" for name, k in sorted(self.failed.items()) if k]
         if self.no_value:
             notes.append(f"no value {self.no_value} of {self.planned}")

@@ -23,12 +23,14 @@ class Stat:
     n_total: int
 
     def format(self, digits: int = 1, scale: float = 1.0, unit: str = "", *, sig: bool = False) -> str:
-        """``92.3 ± 1.2% (n=3)``; ``— (n=0 of 3)`` when no seed has a value; ``sig``: significant digits."""
+        """``92.3 ± 1.2% (n=3)``; ``92.3% (n=1 of 3)`` (one value, no spread); ``— (n=0 of 3)`` when no seed has a
+        value; ``sig``: significant digits."""
         if self.mean is None:
             return f"— (n=0 of {self.n_total})"
         of = f" of {self.n_total}" if self.n_total != self.n else ""
         spec = f".{digits}{'g' if sig else 'f'}"
-        return f"{self.mean * scale:{spec}} ± {(self.std or 0.0) * scale:{spec}}{unit} (n={self.n}{of})"
+        spread = f" ± {(self.std or 0.0) * scale:{spec}}" if self.n > 1 else ""  # one value has no spread
+        return f"{self.mean * scale:{spec}}{spread}{unit} (n={self.n}{of})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std, "n": self.n, "n_total": self.n_total}
