@@ -166,12 +166,13 @@ def engine_like_cell(cell: Cell, work: Path) -> dict:
     return {}
 
 
-def test_a_stopped_run_returns_once_its_cells_have_checkpointed(tmp_path):
-    """A cell stopped as the engine stops reports back and its worker idles: the run must not wait the whole
-    STOP_SECONDS for workers that would never exit by themselves."""
-    script = (f"import sys, time; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
-              "from test_studies_store import engine_like_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
-              "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 300}), engine_like_cell)\n"
+def _start_two_cells_then_interrupt(tmp_path: Path, cell_fn: str) -> subprocess.Popen:
+    """A run of two cells of ``cell_fn`` (a function of this module) in two workers, in its own process,
+    SIGINTed once both workers have started. When ``run_tasks`` raises, the process writes the number of
+    cells that had written their ``stopped-*`` file to ``raised``."""
+    script = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
+              f"from test_studies_store import {cell_fn}\nfrom fixup.studies import Cell, Task, run_tasks\n"
+              f"tasks = [Task(Cell('w', 'm', {{'x': i}}, 0, config={{'sleep': 300}}), {cell_fn})\n"
               "         for i in range(2)]\n"
               "try:\n"
               f"    run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n"
@@ -179,13 +180,23 @@ def test_a_stopped_run_returns_once_its_cells_have_checkpointed(tmp_path):
               f"    open({str(tmp_path / 'raised')!r}, 'w').write(str(len(list(__import__('pathlib').Path("
               f"{str(tmp_path)!r}).glob('stopped-*')))))\n")
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.time() + 90
+    while len([p for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
+        if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the workers did not start")
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGINT)
+    return proc
+
+
+def test_a_stopped_run_returns_once_its_cells_have_checkpointed(tmp_path):
+    """A cell stopped as the engine stops reports back and its worker idles: the run must not wait the whole
+    STOP_SECONDS for workers that would never exit by themselves."""
+    proc = _start_two_cells_then_interrupt(tmp_path, "engine_like_cell")
+    stopped = time.time()
     try:
-        deadline = time.time() + 90
-        while len([p for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
-            assert proc.poll() is None and time.time() < deadline, "the workers did not start"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGINT)
-        stopped = time.time()
         proc.wait(timeout=STOP_SECONDS - 30)  # before: the full STOP_SECONDS
         assert (tmp_path / "raised").read_text() == "2", "the run returned before its cells had checkpointed"
         assert time.time() - stopped < STOP_SECONDS / 2
@@ -196,22 +207,8 @@ def test_a_stopped_run_returns_once_its_cells_have_checkpointed(tmp_path):
 
 @pytest.mark.slow  # passes here; on a fresh clone under load the run twice took over 60 s to return (not understood)
 def test_a_stopped_run_releases_its_folder_only_after_its_workers_have_stopped(tmp_path):
-    script = (f"import sys, os, signal; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
-              "from test_studies_store import slow_to_stop_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
-              "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 120}), slow_to_stop_cell)\n"
-              "         for i in range(2)]\n"
-              "try:\n"
-              f"    run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n"
-              "except KeyboardInterrupt:\n"
-              f"    open({str(tmp_path / 'raised')!r}, 'w').write(str(len(list(__import__('pathlib').Path("
-              f"{str(tmp_path)!r}).glob('stopped-*')))))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    proc = _start_two_cells_then_interrupt(tmp_path, "slow_to_stop_cell")
     try:
-        deadline = time.time() + 90
-        while len([p for p in tmp_path.glob("pid-*") if p.read_text()]) < 2:
-            assert proc.poll() is None and time.time() < deadline, "the workers did not start"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGINT)
         raised = tmp_path / "raised"
         deadline = time.time() + 60
         while not (raised.exists() and raised.read_text()):  # the process itself may take longer to exit
