@@ -86,14 +86,6 @@ def plain_linear(linear: nn.Module) -> bool:
     return type(linear) is nn.Linear
 
 
-def _taps_inside(n: int, k: int, s: int, p: int, d: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """(k, n_out) 0/1 matrix along one axis: whether kernel tap ``a`` of output ``i`` reads inside the image
-    (rather than the zero padding)."""
-    out = (n + 2 * p - d * (k - 1) - 1) // s + 1
-    pos = torch.arange(out, device=device)[None, :] * s - p + torch.arange(k, device=device)[:, None] * d
-    return ((pos >= 0) & (pos < n)).to(dtype)
-
-
 def ones_response(weight: Tensor, size: tuple[int, int], stride: int | tuple[int, int] = 1,
                   padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1) -> Tensor:
     """``conv2d(ones(1, C_in, H, W), weight)``: the response of a zero-padded convolution to a constant 1.
