@@ -109,13 +109,13 @@ def _taps_inside(n: int, k: int, s: int, p: int, d: int, device: torch.device, d
     return ((pos >= 0) & (pos < n)).to(dtype)
 
 
-def _tap_matrices(summed: Tensor, size: tuple[int, int], geometry: tuple) -> tuple[Tensor, Tensor]:
-    """Per axis, which taps of a kernel (summed over its input channels, (C_out, kh, kw)) read inside an image
-    of ``size``: (kh, H_out) and (kw, W_out) 0/1 matrices; ``geometry`` is (stride, padding, dilation)."""
+def _tap_matrices(like: Tensor, size: tuple[int, int], geometry: tuple) -> tuple[Tensor, Tensor]:
+    """Per axis, which taps of a kernel ``like`` (..., kh, kw) read inside an image of ``size``: (kh, H_out) and
+    (kw, W_out) 0/1 matrices on its device, in its dtype; ``geometry`` is (stride, padding, dilation)."""
     (sh, sw), (ph, pw), (dh, dw) = (torch.nn.modules.utils._pair(v) for v in geometry)
-    kh, kw = summed.shape[-2:]
-    return (_taps_inside(int(size[0]), kh, sh, ph, dh, summed.device, summed.dtype),
-            _taps_inside(int(size[1]), kw, sw, pw, dw, summed.device, summed.dtype))
+    kh, kw = like.shape[-2:]
+    return (_taps_inside(int(size[0]), kh, sh, ph, dh, like.device, like.dtype),
+            _taps_inside(int(size[1]), kw, sw, pw, dw, like.device, like.dtype))
 
 
 def _border_extent(n: int, k: int, s: int, p: int, d: int) -> tuple[int, int, int]:
@@ -165,18 +165,19 @@ class _AddBorder(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: Tensor, summed: Tensor, size: tuple[int, int], conv: nn.Conv2d) -> Tensor:
         geometry = (conv.stride, conv.padding, conv.dilation)
-        ctx.regions, ctx.geometry, ctx.size, ctx.dtype = _border_regions(size, conv), geometry, size, summed.dtype
-        ctx.kernel = tuple(summed.shape)
+        ctx.regions, ctx.geometry, ctx.size = _border_regions(size, conv), geometry, size
+        ctx.save_for_backward(summed)  # for its shape, device and dtype
         out.add_(_border_map(summed, size, geometry).to(out.dtype))
         ctx.mark_dirty(out)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        border = grad.new_zeros(grad.shape[1:], dtype=ctx.dtype)  # the batch's gradient summed, on the border
+        (kernel,) = ctx.saved_tensors
+        border = grad.new_zeros(grad.shape[1:], dtype=kernel.dtype)  # the batch's gradient summed, on the border
         for rows, cols in ctx.regions:
-            border[:, rows, cols] = grad[:, :, rows, cols].sum(0).to(ctx.dtype)
-        rows, cols = _tap_matrices(border.new_empty(ctx.kernel), ctx.size, ctx.geometry)
+            border[:, rows, cols] = grad[:, :, rows, cols].sum(0).to(kernel.dtype)
+        rows, cols = _tap_matrices(kernel, ctx.size, ctx.geometry)
         summed = torch.matmul(torch.matmul(rows, border), cols.t()) - border.sum((1, 2))[:, None, None]
         return grad, summed, None, None
 
@@ -273,15 +274,12 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     border = None  # compiled: the shift on the kernel summed over its input channels, for _AddBorder
     if shift is not None:
         summed = weight.sum(1) * shift  # the shift on the small summed kernel, not on a (1, C_out, H, W) map
-        if not _padded(conv):
+        if not _padded(conv) or torch.compiler.is_compiling():
+            # shift * W.sum() per channel in the convolution's bias; compiled, a padded convolution's border
+            # difference is added after it, its gradient reduced over the border only (_AddBorder).
             response = summed.sum((1, 2))
             vector = response if vector is None else vector + response
-        elif torch.compiler.is_compiling():
-            # shift * W.sum() per channel in the convolution's bias, and the border's difference added after
-            # it, whose gradient is reduced over the border only (_AddBorder).
-            response = summed.sum((1, 2))
-            vector = response if vector is None else vector + response
-            border = summed
+            border = summed if _padded(conv) else None
         else:
             # Eager, one map shift * conv(1, W) added in place, whose gradient autograd reduces over the batch,
             # beats a custom function touching the border only (``fixup bench``, CIFAR and bottleneck ResNets),
