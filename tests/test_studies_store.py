@@ -111,9 +111,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_workers_die_when_their_parent_is_killed(tmp_path):
-    # SIGINT as Ctrl-C raises it, even where this test's process inherited it ignored (a background job)
-    script = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-              f"sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
+    script = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(SRC)!r}]\n"
               "from test_studies_store import pid_cell\nfrom fixup.studies import Cell, Task, run_tasks\n"
               "tasks = [Task(Cell('w', 'm', {'x': i}, 0, config={'sleep': 120}), pid_cell) for i in range(2)]\n"
               f"run_tasks(tasks, {str(tmp_path)!r}, jobs=2)\n")

@@ -110,6 +110,18 @@ def _t_quantile(df: int) -> float:
     return float(t.ppf(0.5 + CONFIDENCE / 2, df))
 
 
+def difference_text(gap: float, ci: float, fmt: Callable[[float], str] = "{:.2f}".format) -> str:
+    """``1.23 ± 4.56 (95%)``, the numbers written by ``fmt``; without an interval (:func:`ci_halfwidth` is inf
+    when a side has fewer than two values) the text says so rather than printing ``± inf``."""
+    interval = interval_text(ci, fmt)
+    return f"{fmt(gap)} {interval} (95%)" if math.isfinite(ci) else f"{fmt(gap)} ({interval})"
+
+
+def interval_text(ci: float, fmt: Callable[[float], str] = "{:.2f}".format) -> str:
+    """``± 4.56``; ``no 95% interval: fewer than two seeds on a side`` where ``ci`` is inf."""
+    return f"± {fmt(ci)}" if math.isfinite(ci) else "no 95% interval: fewer than two seeds on a side"
+
+
 def ci_halfwidth(a: Cells | Stat, b: Cells | Stat | None = None) -> float:
     """Half-width of the 95% confidence interval of ``mean(a) - mean(b)`` (of ``mean(a)`` alone without ``b``).
 

@@ -32,7 +32,7 @@ from ._common import image_cost, image_train, train_cell
 from .base import Plan, Study
 from .cells import Cell, Task
 from .claims import ClaimRow, Protocol, clearly_below, judge, not_run
-from .evidence import Cells, ci_halfwidth
+from .evidence import Cells, ci_halfwidth, difference_text, interval_text
 from .grid import Grid, ImageNetGrid, SvhnGrid
 from .regularisation import EQUIVALENCE, error_entry, format_error, points
 from .regularisation import LABELS as _METHOD_LABELS
@@ -143,7 +143,7 @@ def _matches(claim: str, ours: str, a: tuple[str, Cells], b: tuple[str, Cells], 
     diff, ci = _gap(a[1], b[1])
     j = judge(dict((a, b)), holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE, paper_scale=paper_scale,
               ci=ci, must_succeed=(a[0],))
-    return ClaimRow.judged(claim, f"{ours}; difference {points(diff)} ± {points(ci)} (95%)", protocol, j,
+    return ClaimRow.judged(claim, f"{ours}; difference {difference_text(diff, ci, points)}", protocol, j,
                            f"holds if the 95% interval of {a[0]}'s error minus {b[0]}'s lies below "
                            f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)")
 
@@ -205,7 +205,7 @@ def _resnet50_claim(summary: dict[str, Any], grid: Grid) -> ClaimRow:
     j = judge({"Fixup": fx, "Xavier, no norm": xv, "Fixup + Mixup": fxm}, holds=beats and mixup_helps,
               paper_scale=_imagenet_paper_scale(g), effect=effect, ci=ci, must_succeed=("Fixup", "Fixup + Mixup"))
     return ClaimRow.judged("imagenet_resnet50", f"top-1 test error: {_errors(table, g.resnet50, grid)}; 95% interval "
-                           f"of the tested difference ±{points(ci)}", _imagenet_protocol(grid, 50), j,
+                           f"of the tested difference {interval_text(ci, points)}", _imagenet_protocol(grid, 50), j,
                            "holds if Fixup's error is clearly below Xavier-without-normalisation's and Mixup clearly "
                            "lowers Fixup's; the paper's effects are 3.9 and 3.6 points")
 

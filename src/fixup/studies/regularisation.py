@@ -21,7 +21,7 @@ from ._common import image_cost, image_train, train_cell
 from .base import Plan, Study
 from .cells import Cell, Task
 from .claims import ClaimRow, Protocol, clearly_above, clearly_below, judge, not_run
-from .evidence import COMPLETED, Cells, cells_from_results, ci_halfwidth, outcome_of
+from .evidence import COMPLETED, Cells, cells_from_results, ci_halfwidth, difference_text, interval_text, outcome_of
 from .grid import Grid
 from .rows import image_protocol, model_label
 from .stats import group_records
@@ -190,7 +190,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
         he_lr = summary["he_search"]["chosen_lr"] if summary["he_search"] else "?"
         rows.append(ClaimRow.judged(
             "cifar10_resnet110", f"test error: BatchNorm {format_error(bn)}, He no norm (lr {he_lr}) "
-            f"{format_error(he)}, Fixup {format_error(fx)}; 95% interval of the tested difference ±{points(ci)}",
+            f"{format_error(he)}, Fixup {format_error(fx)}; 95% interval of the tested difference "
+            f"{interval_text(ci, points)}",
             proto, j,
             "holds if Fixup's error is clearly below He-without-normalisation's and not clearly below BatchNorm's; "
             "the paper's effects are 0.54 points (Xavier - Fixup) and 0.63 (Fixup - BatchNorm)"))
@@ -237,8 +238,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
               limit="" if g.wrn_epochs >= 200 else f"{g.wrn_epochs} epochs: the claim concerns regularised networks "
                                                    "at the end of a 200-epoch schedule")
     rows.append(ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
-                                f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference {points(diff)} "
-                                f"± {points(ci)} (95%)",
+                                f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference "
+                                f"{difference_text(diff, ci, points)}",
                                 wrn_proto, j,
                                 f"holds if the 95% interval of Fixup's error minus BatchNorm's lies below "
                                 f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)"))

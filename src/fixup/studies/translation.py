@@ -18,7 +18,7 @@ from . import paper
 from .base import Plan, Study
 from .cells import Cell, Task
 from .claims import ClaimRow, Protocol, judge, not_run
-from .evidence import Cells, cells_from_results, ci_halfwidth, outcome_of
+from .evidence import Cells, cells_from_results, ci_halfwidth, difference_text, outcome_of
 from .grid import Grid
 from .stats import group_records
 from .store import Store
@@ -211,16 +211,11 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     dropout = (f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
                if searched and fxe and lne else f"one dropout ({grid.translation.dropouts[0]:g}), no search")
     ours = (f"test BLEU Fixup {_bleu_text(fx, dist['fixup'])} vs LayerNorm {_bleu_text(ln, dist['layernorm'])}; "
-            f"LayerNorm - Fixup {_difference(gap, ci)}; {dropout}" + _further_rows(summary, grid, ln, floor))
+            f"LayerNorm - Fixup {difference_text(gap, ci)}; {dropout}" + _further_rows(summary, grid, ln, floor))
     return [ClaimRow.judged("translation_iwslt", ours, proto, j,
                             "holds if both beat the copy and word-for-word reference BLEU and the 95% interval of "
                             f"LayerNorm's BLEU minus Fixup's lies below {EQUIVALENCE_BLEU:g} point, with the same "
                             "dropout chosen for both where dropout is searched")]
-
-
-def _difference(gap: float, ci: float) -> str:
-    """``1.23 ± 4.56 (95%)``; with one seed on a side there is no interval, and the text says so."""
-    return f"{gap:.2f} ± {ci:.2f} (95%)" if math.isfinite(ci) else f"{gap:.2f} (no 95% interval: one seed on a side)"
 
 
 def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) -> str:
@@ -236,7 +231,7 @@ def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) 
         ci, gap = ci_halfwidth(ln, c), ln.stat.mean - c.stat.mean
         verdict = ("within" if gap + ci < EQUIVALENCE_BLEU else "beyond" if gap - ci > EQUIVALENCE_BLEU else
                    "undecided against")
-        texts.append(f"{label} {bleu} (dropout {e['dropout']:g}): LayerNorm - {label} {_difference(gap, ci)}, "
+        texts.append(f"{label} {bleu} (dropout {e['dropout']:g}): LayerNorm - {label} {difference_text(gap, ci)}, "
                      f"{verdict} {EQUIVALENCE_BLEU:g} BLEU by the same rule")
     return "".join(f"; further row: {t}" for t in texts)
 
