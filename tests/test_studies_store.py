@@ -219,3 +219,33 @@ def test_a_stopped_run_releases_its_folder_only_after_its_workers_have_stopped(t
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def engine_cell(cell: Cell, work: Path) -> dict:
+    """A real training run (two epochs, keeping the last epoch's weights too), as the studies' cells train."""
+    from fixup.train import TrainConfig, fit
+
+    fit(TrainConfig(depth=8, batch_size=256, epochs=2, keep_checkpoints=1), out_dir=work, progress=False)
+    return {"files": sorted(p.name for p in work.iterdir())}
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_finished_cells_checkpoints_are_deleted_unless_kept(tmp_path, keep):
+    cell = Cell("s", "m", {"x": 1}, 0)
+    run_tasks([Task(cell, engine_cell)], tmp_path, keep_checkpoints=keep)
+    store = Store(tmp_path)
+    written = json.loads((store.cell_dir(cell) / "cell_result.json").read_text())["result"]["files"]
+    checkpoints = [f for f in written if f.startswith("checkpoint")]
+    assert "checkpoint.pt" in checkpoints and any(f.startswith("checkpoint_step") for f in checkpoints)
+    left = sorted(p.name for p in store.work_dir(cell).iterdir())
+    assert left == written if keep else left == [f for f in written if f not in checkpoints]
+    assert store.is_done(cell)
+
+
+def test_checkpoints_of_an_unfinished_cell_are_never_dropped(tmp_path):
+    cell = Cell("s", "m", {"x": 1}, 0)
+    work = Store(tmp_path).start(cell)
+    (work / "checkpoint.pt").write_bytes(b"state")
+    with pytest.raises(ValueError, match="has not finished"):
+        Store(tmp_path).drop_checkpoints(cell)
+    assert (work / "checkpoint.pt").read_bytes() == b"state"

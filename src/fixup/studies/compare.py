@@ -191,17 +191,18 @@ def compare_table(summary: Mapping[str, Any], command: str = "") -> str:
 
 
 def compare(config: CompareConfig, out: str | Path, *, jobs: int = 1, progress: ProgressFn | None = None,
-            plots: bool = True, command: str = "") -> CompareResult:
+            plots: bool = True, command: str = "", keep_checkpoints: bool = False) -> CompareResult:
     """Train ``config.model`` under each method and seed (resumably, in ``out``) and write the report.
 
     Writes ``out/compare.md`` (:func:`compare_table`), ``out/compare.json`` and, with ``plots``,
     ``out/compare.png`` (and its ``compare.data.json``). A cell whose function raised is listed in
-    :attr:`CompareResult.failed` and shown as ``error``; running again retries it.
+    :attr:`CompareResult.failed` and shown as ``error``; running again retries it. A finished run's
+    checkpoints are deleted unless ``keep_checkpoints``.
     """
     config.validate()
     out = Path(out)
     tasks = [Task(cell, compare_cell) for cell in _cells(config)]
-    run = run_tasks(tasks, out, jobs=jobs, progress=progress)
+    run = run_tasks(tasks, out, jobs=jobs, progress=progress, keep_checkpoints=keep_checkpoints)
     summary = summarise(config, Store(out), run.failed)
     summary["command"] = command
     table = compare_table(summary, command)

@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default None: runs/compare-MODEL); rerun to resume")
     p.add_argument("--json", metavar="PATH", help="also write the figures (compare.json's content) to this file")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figure (no matplotlib needed)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each finished run's checkpoints (default: deleted once its result is written)")
     p.set_defaults(func=_compare)
 
 
@@ -69,7 +71,8 @@ def _compare(args: argparse.Namespace) -> int:
     command = "fixup " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["compare"] else ""
     display = _Display()
     try:  # SIGINT/SIGTERM raise Interrupted: running cells write their checkpoints, finished ones stay
-        result = compare(config, out, jobs=jobs, progress=display, plots=not args.no_plots, command=command)
+        result = compare(config, out, jobs=jobs, progress=display, plots=not args.no_plots, command=command,
+                         keep_checkpoints=args.keep_checkpoints)
     except Interrupted as err:
         err.kept = f"finished runs kept in {out}; unfinished ones resume from their checkpoints"
         raise

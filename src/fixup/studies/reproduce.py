@@ -49,13 +49,14 @@ def plan_all(grid: Grid, store: Store, studies: Sequence[Study]) -> tuple[list[T
 
 def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = None, jobs: int = 1,
               progress: ProgressFn | None = None, plots: bool = True, seconds_per_cost: float | None = None,
-              command: str = "", run: bool = True) -> ReproduceResult:
+              command: str = "", run: bool = True, keep_checkpoints: bool = False) -> ReproduceResult:
     """Run ``studies`` (default: every study the grid's mode includes) on ``grid`` into ``out``.
 
     The run holds ``out``'s lock throughout (:meth:`fixup.studies.store.Store.lock`): a second run on the
     same folder raises :class:`fixup.studies.store.StoreLockedError`, naming the holder. ``run=False`` runs
     no cell and writes the report of the cells finished so far, without the lock (it only reads finished
-    cells, which are written atomically): a run of many hours can be read while it goes on.
+    cells, which are written atomically): a run of many hours can be read while it goes on. A finished
+    cell's checkpoints are deleted unless ``keep_checkpoints``.
     """
     store = Store(out)
     if not run:
@@ -63,12 +64,12 @@ def reproduce(grid: Grid, out: str | Path, *, studies: Sequence[str] | None = No
                           seconds_per_cost=seconds_per_cost, command=command, run=False)
     with store.lock(command):
         return _reproduce(grid, Path(out), store, studies=studies, jobs=jobs, progress=progress, plots=plots,
-                          seconds_per_cost=seconds_per_cost, command=command)
+                          seconds_per_cost=seconds_per_cost, command=command, keep_checkpoints=keep_checkpoints)
 
 
 def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | None, jobs: int,
                progress: ProgressFn | None, plots: bool, seconds_per_cost: float | None,
-               command: str, run: bool = True) -> ReproduceResult:
+               command: str, run: bool = True, keep_checkpoints: bool = False) -> ReproduceResult:
     chosen = [get_study(n) for n in (studies or [s for s in STUDIES if s not in grid.skipped])]
     problems: list[str] = []
     write_json(out / "grid.json", grid.to_dict())
@@ -91,7 +92,7 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
                                   elapsed=time.perf_counter() - start, eta=p.eta), message)
 
         summary = run_tasks(new, out, jobs=jobs, progress=overall, seconds_per_cost=seconds_per_cost,
-                            order=grid.order)
+                            order=grid.order, keep_checkpoints=keep_checkpoints)
         seconds_per_cost = summary.seconds_per_cost or seconds_per_cost  # the next round's ETA prior
         ran += len(summary.ran)
         resumed += len(summary.resumed)

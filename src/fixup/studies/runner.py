@@ -89,8 +89,10 @@ class RunSummary:
     problems: list[str] = field(default_factory=list)  # bad cell files found, moved aside and redone
 
 
-def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None, list[str]]:
-    """Run one cell and store its result; returns (key, seconds, error or None, problems). Runs in a worker."""
+def _execute(fn: CellFn, cell: Cell, root: str,
+             keep_checkpoints: bool = False) -> tuple[str, float, str | None, list[str]]:
+    """Run one cell and store its result (then delete its checkpoints, unless ``keep_checkpoints``); returns
+    (key, seconds, error or None, problems). Runs in a worker."""
     store = Store(root)
     start = time.perf_counter()
     try:
@@ -105,6 +107,8 @@ def _execute(fn: CellFn, cell: Cell, root: str) -> tuple[str, float, str | None,
         return cell.key, time.perf_counter() - start, error, store.problems
     seconds = time.perf_counter() - start
     store.finish(cell, result, seconds)
+    if not keep_checkpoints:
+        store.drop_checkpoints(cell)
     return cell.key, seconds, None, store.problems
 
 
@@ -177,7 +181,8 @@ class _Clock:
 
 
 def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progress: ProgressFn | None = None,
-              seconds_per_cost: float | None = None, order: str | None = None) -> RunSummary:
+              seconds_per_cost: float | None = None, order: str | None = None,
+              keep_checkpoints: bool = False) -> RunSummary:
     """Run every unfinished task's cell, store results under ``root``, and return what happened.
 
     ``jobs`` > 1 runs cells in that many worker processes (spawned, each with
@@ -185,7 +190,8 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
     traceback in ``cell_error.json``) and retried by the next run; the other cells go on. A full disk
     (:func:`fixup._io.full_disk_error`) stops the run instead: its :class:`OSError` is raised here.
     ``seconds_per_cost`` is the ETA's prior until the first cell finishes. ``order`` (see :func:`in_order`):
-    None runs one job in plan order and several longest first.
+    None runs one job in plan order and several longest first. A finished cell's checkpoints are deleted
+    (:meth:`Store.drop_checkpoints`) unless ``keep_checkpoints``.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
@@ -199,11 +205,11 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
         tasks = longest_first(tasks)
     store = Store(root)
     with store.lock():
-        return _run_locked(tasks, store, jobs, progress, seconds_per_cost)
+        return _run_locked(tasks, store, jobs, progress, seconds_per_cost, keep_checkpoints)
 
 
 def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: ProgressFn | None,
-                seconds_per_cost: float | None) -> RunSummary:
+                seconds_per_cost: float | None, keep_checkpoints: bool) -> RunSummary:
     start = time.perf_counter()
     todo = [t for t in tasks if not store.is_done(t.cell)]  # in the order they run
     resumed = [t.cell.key for t in tasks if t not in todo]
@@ -247,7 +253,7 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
         for task in todo:
             state.running.append(task.cell.key)
             report(f"running {task.cell.key}")
-            finished(task, *_execute(task.fn, task.cell, root_s))
+            finished(task, *_execute(task.fn, task.cell, root_s, keep_checkpoints))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
@@ -258,7 +264,7 @@ def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: Progre
                 while queue or pending:
                     while queue and len(pending) < jobs:
                         task = queue.pop(0)
-                        pending[pool.submit(_execute, task.fn, task.cell, root_s)] = task
+                        pending[pool.submit(_execute, task.fn, task.cell, root_s, keep_checkpoints)] = task
                         state.running.append(task.cell.key)
                         report(f"running {task.cell.key}")
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
