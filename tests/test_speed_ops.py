@@ -173,3 +173,22 @@ def test_add_border_adds_the_shift_response_beyond_its_interior_with_exact_gradi
     torch.testing.assert_close(add_border(base, summed), expected)
     assert torch.autograd.gradcheck(add_border, (base, summed))
     assert torch.autograd.gradgradcheck(add_border, (base, summed))
+
+
+@pytest.mark.parametrize("bias_shape", [(1,), (5,), (1, 5, 1, 1)])
+@pytest.mark.parametrize("padding", [0, 1])
+def test_lean_conv2d_takes_every_documented_bias_form_with_a_shift_and_a_multiplier(bias_shape, padding):
+    """A scalar, a (C_out,) vector or a (1, C_out, 1, 1) bias, after a shifted, scaled convolution, padded
+    (the eager path's map) or not (the convolution's bias): values and gradients against the formula."""
+    conv = nn.Conv2d(3, 5, 3 if padding else 1, padding=padding, bias=False).double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    shift, scale = (torch.randn(1, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bias = torch.randn(bias_shape, dtype=torch.float64, requires_grad=True)
+    lean = lean_conv2d(x, conv, shift=shift, scale=scale, bias=bias)
+    per_channel = bias.reshape(1, -1, 1, 1) if bias.numel() > 1 else bias
+    written = F.conv2d(x + shift, conv.weight, None, 1, padding) * scale + per_channel
+    torch.testing.assert_close(lean, written)
+    grads = torch.autograd.grad(lean.square().sum(), (shift, scale, bias, conv.weight))
+    expected = torch.autograd.grad(written.square().sum(), (shift, scale, bias, conv.weight))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)

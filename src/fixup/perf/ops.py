@@ -236,12 +236,13 @@ def _padded(conv: nn.Conv2d) -> bool:
 
 
 def _channel_vector(t: Tensor, channels: int) -> Tensor | None:
-    """``t`` as a (channels,) vector where it is constant over everything but the channel axis
-    (a scalar, a (C,) vector, or shape (1, C, 1, 1)); None where it varies over positions."""
+    """``t`` as a tensor that broadcasts as a (channels,) vector where it is constant over everything but the
+    channel axis (a scalar, shape (1,) as it is; a (C,) vector; shape (1, C, 1, 1)); None where it varies over
+    positions. A scalar is not expanded: adding it to a vector broadcasts, with one autograd node fewer."""
     if t.numel() == 1:
-        return t.reshape(1).expand(channels)
+        return t if t.shape == (1,) else t.reshape(1)
     if t.numel() == channels and (t.dim() == 1 or (t.dim() >= 2 and t.shape[1] == channels)):
-        return t.reshape(channels)
+        return t if t.dim() == 1 else t.reshape(channels)
     return None
 
 
@@ -265,32 +266,41 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
         raise ValueError(f"lean_conv2d supports nn.Conv2d with groups=1 and zero padding given as numbers; got "
                          f"{type(conv).__name__} with groups={conv.groups}, padding={conv.padding!r}, "
                          f"padding_mode={conv.padding_mode!r}. Call the module directly instead.")
+    # Eager, every autograd node of the scalars' parameter-sized arithmetic costs more than its work: a (1,)
+    # term broadcasts (no expand) until it meets a per-channel one, and a shift's term joins by one addcmul.
     channels = conv.out_channels
     weight = conv.weight if scale is None else conv.weight * scale
-    vector = conv.bias
+    vector = conv.bias  # what rides in the convolution's per-channel bias
     if vector is not None and scale is not None:
         vector = vector * scale
     add = None  # a map varying over positions, added to the output in place
     border = None  # compiled: the shift on the kernel summed over its input channels, for _AddBorder
-    if shift is not None:
-        summed = weight.sum(1) * shift  # the shift on the small summed kernel, not on a (1, C_out, H, W) map
-        if not _padded(conv) or torch.compiler.is_compiling():
-            # shift * W.sum() per channel in the convolution's bias; compiled, a padded convolution's border
-            # difference is added after it, its gradient reduced over the border only (_AddBorder).
-            response = summed.sum((1, 2))
-            vector = response if vector is None else vector + response
-            border = summed if _padded(conv) else None
-        else:
-            # Eager, one map shift * conv(1, W) added in place, whose gradient autograd reduces over the batch,
-            # beats a custom function touching the border only (``fixup bench``, CIFAR and bottleneck ResNets),
-            # and the one-channel convolution beats _AddBorder's matrix products by ~0.1 ms a layer.
-            add = _summed_ones_response(summed[:, None], x.shape[-2:], conv.stride, conv.padding, conv.dilation)
-    if bias is not None:
-        as_vector = _channel_vector(bias, channels)
-        if add is None and as_vector is not None:
-            vector = as_vector if vector is None else vector + as_vector
-        else:  # one map for all position-dependent terms: a single in-place addition and reduction
-            add = bias if add is None else add + bias
+    eager_map = shift is not None and _padded(conv) and not torch.compiler.is_compiling()
+    per_channel = None if bias is None else _channel_vector(bias, channels)
+    if per_channel is not None and not eager_map:
+        vector = per_channel if vector is None else vector + per_channel
+        bias = None
+    if shift is not None and not _padded(conv):  # shift * W.sum() per channel
+        total = weight.sum((1, 2, 3))
+        vector = total * shift if vector is None else torch.addcmul(vector, total, shift)
+    elif eager_map:
+        # Eager, one map shift * conv(1, W) added in place, whose gradient autograd reduces over the batch,
+        # beats a custom function touching the border only (``fixup bench``, CIFAR and bottleneck ResNets),
+        # and the one-channel convolution beats _AddBorder's matrix products by ~0.1 ms a layer. The shift
+        # multiplies the small summed kernel, not a (1, C_out, H, W) map.
+        add = _summed_ones_response(weight.sum(1, keepdim=True) * shift, x.shape[-2:], conv.stride, conv.padding,
+                                    conv.dilation)
+    elif shift is not None:
+        # compiled: shift * W.sum() per channel in the convolution's bias, the border's difference added after
+        # it, its gradient reduced over the border only (_AddBorder)
+        border = weight.sum(1) * shift
+        response = border.sum((1, 2))
+        vector = response if vector is None else vector + response
+    if bias is not None:  # varying over positions, or joining the eager shift's map: one in-place addition
+        term = per_channel[:, None, None] if per_channel is not None and bias.dim() == 1 and bias.numel() > 1 else bias
+        add = term if add is None else add + term
+    if vector is not None and vector.shape != (channels,):  # scalar terms only: the convolution wants (C_out,)
+        vector = vector.expand(channels)
     out = F.conv2d(x, weight, vector, conv.stride, conv.padding, conv.dilation)
     if border is not None:
         out = _AddBorder.apply(out, border, tuple(x.shape[-2:]), conv)
@@ -316,12 +326,11 @@ def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, sc
     vector = linear.bias
     if vector is not None and scale is not None:
         vector = vector * scale
-    if shift is not None:
-        response = weight.sum(1) * shift
-        vector = response if vector is None else vector + response
-    if bias is not None:
-        b = bias.expand(linear.out_features) if bias.numel() == 1 else bias
+    if bias is not None:  # a scalar broadcasts onto a vector already there (one autograd node fewer)
+        b = bias.expand(linear.out_features) if bias.numel() == 1 and vector is None else bias
         vector = b if vector is None else vector + b
+    if shift is not None:  # one addcmul where a vector is there: eager, each node costs more than its work
+        vector = weight.sum(1) * shift if vector is None else torch.addcmul(vector, weight.sum(1), shift)
     if vector is None or x.dim() <= 2:
         return F.linear(x, weight, vector)
     # F.linear with a bias on (B, T, D) returns a view of a 2-D addmm, and the caller's in-place residual
