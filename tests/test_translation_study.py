@@ -94,3 +94,19 @@ def test_a_cell_returns_its_learning_curve(tmp_path):
     assert [p["step"] for p in result["curve"]] == [2, 4, 6]
     assert all(p["valid_nll"] > 0 and p["valid_bleu"] is not None for p in result["curve"])
     assert result["curve"][-1]["valid_nll"] == pytest.approx(result["valid_nll"])  # the last point is the final one
+
+
+def test_a_partly_run_search_says_which_side_is_missing_and_takes_no_difference():
+    """Early in the deep tier only some cells have finished: the row names the side without a cell and the
+    dropout not yet chosen for it, and prints no difference (never ``nan``)."""
+    grid = make_grid("deep")
+    summary = translation.summarise([_record("fixup", 0.3, 0, [(50, 2.0, 10.0)])], grid)
+    row = translation.claims(summary, grid)[0]
+    assert "nan" not in row.ours and "no difference: LayerNorm has no finished cell" in row.ours
+    assert "not yet chosen for LayerNorm (no finished cell)" in row.ours and "no search" not in row.ours
+    assert row.verdict == "not run"
+    done = [_record(m, 0.3, s, [(50, 2.0, 10.0)]) for m in ("fixup", "layernorm") for s in range(2)]
+    row = translation.claims(translation.summarise(done, grid), grid)[0]
+    assert "LayerNorm - Fixup 0.00 ± 3.04 (95%)" in row.ours  # seeds 90 and 91 a side: t(2) * sqrt(2 * 0.5 / 2)
+    assert "T-Fixup — (n=0 of 5; not finished 5 of 5): no difference, T-Fixup has no finished cell" in row.ours
+    assert "dropout chosen on validation NLL: Fixup 0.3, LayerNorm 0.3" in row.ours

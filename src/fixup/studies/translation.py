@@ -208,10 +208,21 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
               f"a system does not beat the copy / word-for-word reference BLEU ({floor:.2f})")
     dist = {m: (e or {}).get("distribution") or _distribution(c) for m, e, c in
             (("fixup", fxe, fx), ("layernorm", lne, ln))}
-    dropout = (f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
-               if searched and fxe and lne else f"one dropout ({grid.translation.dropouts[0]:g}), no search")
+    unchosen = [name for name, e in (("Fixup", fxe), ("LayerNorm", lne)) if e is None]
+    if not searched:
+        dropout = f"one dropout ({grid.translation.dropouts[0]:g}), no search"
+    elif unchosen:
+        dropout = (f"dropout searched over {', '.join(f'{d:g}' for d in grid.translation.dropouts)} on validation "
+                   f"NLL, not yet chosen for {' and '.join(unchosen)} (no finished cell)")
+    else:
+        dropout = f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
+    unfinished = [name for name, c in (("Fixup", fx), ("LayerNorm", ln)) if c.stat.mean is None]
+    difference = (f"LayerNorm - Fixup {difference_text(gap, ci)}" if learned else
+                  f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no "
+                  "finished cell" if unfinished else
+                  f"no difference: a system does not beat the reference BLEU ({floor:.2f})")
     ours = (f"test BLEU Fixup {_bleu_text(fx, dist['fixup'])} vs LayerNorm {_bleu_text(ln, dist['layernorm'])}; "
-            f"LayerNorm - Fixup {difference_text(gap, ci)}; {dropout}" + _further_rows(summary, grid, ln, floor))
+            f"{difference}; {dropout}" + _further_rows(summary, grid, ln, floor))
     return [ClaimRow.judged("translation_iwslt", ours, proto, j,
                             "holds if both beat the copy and word-for-word reference BLEU and the 95% interval of "
                             f"LayerNorm's BLEU minus Fixup's lies below {EQUIVALENCE_BLEU:g} point, with the same "
@@ -225,7 +236,11 @@ def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) 
         e, label = summary["chosen"].get(method), LABELS.get(method, method)
         c = Cells.from_dict(e["test_bleu"]) if e else Cells(_seeds(grid))
         bleu = _bleu_text(c, (e or {}).get("distribution") or _distribution(c))
-        if not all(x.stat.mean is not None and x.stat.mean > floor for x in (c, ln)):
+        if c.stat.mean is None or ln.stat.mean is None:
+            texts.append(f"{label} {bleu}: no difference, {label if c.stat.mean is None else 'LayerNorm'} has no "
+                         "finished cell")
+            continue
+        if not all(x.stat.mean > floor for x in (c, ln)):
             texts.append(f"{label} {bleu}: a system does not beat the reference BLEU ({floor:.2f})")
             continue
         ci, gap = ci_halfwidth(ln, c), ln.stat.mean - c.stat.mean
