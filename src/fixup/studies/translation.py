@@ -217,10 +217,13 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     else:
         dropout = f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
     unfinished = [name for name, c in (("Fixup", fx), ("LayerNorm", ln)) if c.stat.mean is None]
-    difference = (f"LayerNorm - Fixup {difference_text(gap, ci)}" if learned else
-                  f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no "
-                  "finished cell" if unfinished else
-                  f"no difference: a system does not beat the reference BLEU ({floor:.2f})")
+    if learned:
+        difference = f"LayerNorm - Fixup {difference_text(gap, ci)}"
+    elif unfinished:
+        difference = f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no " \
+                     "finished cell"
+    else:
+        difference = f"no difference: a system does not beat the reference BLEU ({floor:.2f})"
     ours = (f"test BLEU Fixup {_bleu_text(fx, dist['fixup'])} vs LayerNorm {_bleu_text(ln, dist['layernorm'])}; "
             f"{difference}; {dropout}" + _further_rows(summary, grid, ln, floor))
     return [ClaimRow.judged("translation_iwslt", ours, proto, j,
