@@ -116,6 +116,14 @@ def test_rule5_a_stated_limit_of_the_setting_cannot_be_resolved():
     assert j.verdict == UNRESOLVED and j.why == "at 32 layers rule 2's factor is mild"
 
 
+def test_rule3_a_claim_that_holds_names_what_its_stated_limit_left_untested():
+    groups = {"Fixup": C(0.72, 0.63, 0.53), "BatchNorm": C(0.10, 0.11, 0.22)}
+    j = judge(groups, holds=True, paper_scale=False, limit="BatchNorm itself does not learn")
+    assert j.verdict == DIRECTION
+    assert j.why == "the comparison holds with every seed; but BatchNorm itself does not learn"
+    assert judge(groups, holds=True, paper_scale=False).why == "the comparison holds with every seed"
+
+
 def test_rule4_a_qualitative_claim_is_refuted_only_by_the_opposite_beyond_the_interval():
     groups = {"Fixup": C(0.8, 0.81), "no bias": C(0.9, 0.91)}
     assert judge(groups, holds=False, paper_scale=False, contrary=True, ci=0.05).verdict == NOT_REPRODUCED

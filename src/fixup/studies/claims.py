@@ -10,6 +10,8 @@ The rules, applied in this order by :func:`judge` (each has a test with construc
 3. **The comparison holds -> "reproduced"** at the paper's scale, else **"direction reproduced at
    reduced scale"**. Only with every planned seed present (rule 1), and ``holds`` is the comparison the
    claim makes: e.g. "X fails *where Fixup and BatchNorm succeed*" needs Fixup and BatchNorm to succeed.
+   A limit the row states is named beside the verdict: what the setting left untested (Figure 3 at a depth
+   where BatchNorm itself does not learn tests Fixup's side of the claim, not the tracking).
 4. **It does not hold, and the setting could have shown it -> "not reproduced".** The setting could
    have shown it when the paper's effect size is larger than the half-width of the 95% confidence
    interval this setting achieves for the comparison (from the measured spread between seeds, see
@@ -131,7 +133,8 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
         ci: the half-width of the comparison's 95% confidence interval here.
         contrary: (qualitative claims) the opposite of the claim holds beyond that interval.
         must_succeed: labels of groups the claim says train (a failed cell among them refutes it).
-        limit: why this setting cannot show the claim failing, in a few words ("" if it can).
+        limit: why this setting cannot show the claim failing, in a few words ("" if it can); named beside a
+            verdict that holds too, as what the setting left untested.
     """
     missing = [f"{label} has no finished cell" for label, c in groups.items() if c.present == 0]
     if missing:
@@ -147,8 +150,9 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
         what = "; ".join(failures)
         return (Judgement(UNRESOLVED, f"{what}, but {limit}") if limit
                 else Judgement(NOT_REPRODUCED, f"{what} where the claim says it trains"))
-    if holds:
-        return Judgement(REPRODUCED if paper_scale else DIRECTION, "the comparison holds with every seed")
+    if holds:  # a limit still says what this setting could not test (it ran short, a reference did not learn)
+        why = "the comparison holds with every seed"
+        return Judgement(REPRODUCED if paper_scale else DIRECTION, f"{why}; but {limit}" if limit else why)
     if limit:
         return Judgement(UNRESOLVED, limit)
     ci = math.inf if ci is None else ci

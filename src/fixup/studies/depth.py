@@ -134,7 +134,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
                   effect=None if bn_mean is None else bn_mean - chance, ci=ci_halfwidth(fx, bn),
                   must_succeed=("Fixup",),
                   limit="" if _learns(bn, chance) else f"BatchNorm itself does not learn at {deepest} layers in "
-                                                        f"{steps_text}, so nothing here can be tracked")
+                                                        f"{steps_text}: Fixup's side of the claim is tested, the "
+                                                        "tracking is not")
         variants = {"fixup_paper": "", "fixup_batch_scaled": "", "fixup_no_stream_bias": "", "fixup_scalars_fixed": ""}
         extra = "".join(f"; {LABELS[v]}{note} {_acc(c)}" for v, note in variants.items()
                         if (c := _at(summary, v, deepest)) is not None)
