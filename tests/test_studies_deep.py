@@ -89,8 +89,13 @@ def test_report_only_reads_the_finished_cells_and_runs_nothing(tmp_path, capsys)
     assert main(["study", "depth", "--tiny", "--out", str(tmp_path), "--report-only", "--no-plots"]) == 0
     assert "report of the cells finished so far" in capsys.readouterr().out
     report = (tmp_path / "report.md").read_text()
-    assert "1 cells finished in all, 12s of cell time" in report and "50.0" in report
-    assert len(store.records("depth")) == 1  # nothing ran
+    assert "1 cells finished in all, 12s of cell time (a worker's wall time per cell, summed);" in report
+    assert "50.0" in report and len(store.records("depth")) == 1  # nothing ran
+    store.start(cells[1])  # a record rebuilt from a summary holds no time: the report says so
+    store.finish(cells[1], {"outcome": "completed", "diverged": False, "test_acc": 0.7}, None)
+    assert main(["study", "depth", "--tiny", "--out", str(tmp_path), "--report-only", "--no-plots"]) == 0
+    assert "2 cells finished in all, 12s of cell time (a worker's wall time per cell, summed; 1 cells have no " \
+           "recorded time)" in (tmp_path / "report.md").read_text()
     assert main(["study", "depth", "--tiny", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no cells" in capsys.readouterr().err
 

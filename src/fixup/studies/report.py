@@ -67,7 +67,9 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
           f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
           f"({timing.get('cells_resumed', 0)} found finished from an earlier run); "
           + (f"{timing['cells_finished']} cells finished in all, {format_seconds(timing['cell_seconds'])} of "
-             "cell time (a worker's wall time per cell, summed); " if timing.get("cells_finished") else "")
+             "cell time (a worker's wall time per cell, summed"
+             + (f"; {timing['cells_untimed']} cells have no recorded time" if timing.get("cells_untimed") else "")
+             + "); " if timing.get("cells_finished") else "")
           + f"torch {env['torch']}, {env['cuda'] or str(env['cpu_threads']) + ' CPU threads'}.", "",
           "## Claims", "",
           "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". *Direction reproduced at reduced "

@@ -106,7 +106,9 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
     seconds = time.perf_counter() - start
     finished = [r for s in chosen for r in store.records(s.name)]
     timing = {"seconds": seconds, "cells_run": ran, "cells_resumed": resumed, "cells_failed": len(failed),
-              "cells_finished": len(finished), "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished)}
+              "cells_finished": len(finished), "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished),
+              # cells whose record holds no time (rebuilt from a summary): their time is not in cell_seconds
+              "cells_untimed": sum(not isinstance(r.get("seconds"), (int, float)) for r in finished)}
     report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
                                    command=command, skipped=grid.skipped)
     problems += store.problems  # files found bad while summarising

@@ -191,8 +191,9 @@ class Store:
         work.mkdir(parents=True, exist_ok=True)
         return work
 
-    def finish(self, cell: Cell, result: dict[str, Any], seconds: float) -> dict[str, Any]:
-        """Write the cell's result atomically; from then on the cell counts as done."""
+    def finish(self, cell: Cell, result: dict[str, Any], seconds: float | None) -> dict[str, Any]:
+        """Write the cell's result atomically; from then on the cell counts as done. ``seconds`` is the
+        worker's wall time for the cell, None where it is unknown (a record rebuilt from a summary)."""
         record = {**cell.identity(), "config": dict(cell.config), "seconds": seconds, "result": result}
         write_json(self.cell_dir(cell) / RESULT, record)
         return record
