@@ -147,6 +147,9 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
         assert cells["planned"] == 2 and cells["n"] + sum(cells["failed"].values()) + cells["no_value"] == 2
     assert depth_summary["fixup"]["14"]["test_acc"]["failed"] == {}
     assert (out / "figures" / "depth.png").exists() and (out / "report.md").exists()
+    # a finished cell's checkpoints are deleted; its logs stay
+    assert not list(out.glob("cells/*/*/*/seed*/work/checkpoint*.pt*"))
+    assert list(out.glob("cells/depth/*/*/seed*/work/metrics.jsonl"))
     first = data["timing"]["cells_run"]
     assert main(["reproduce", "--tiny", "--out", str(out), "--no-plots"]) == 0
     again = json.loads((out / "results.json").read_text())["timing"]
@@ -188,3 +191,12 @@ def test_translation_gap_refutes_the_claim_only_after_the_trained_budget():
     assert short.verdict == UNRESOLVED and "300 updates of 1,024 tokens" in short.why
     trained = replace(quick, translation=replace(quick.translation, max_updates=600, max_tokens=2048))
     assert translation.claims(translation.summarise(recs, trained), trained)[0].verdict == NOT_REPRODUCED
+
+
+def test_a_study_keeps_its_finished_cells_checkpoints_when_asked(tmp_path):
+    from fixup.cli import main
+
+    out = tmp_path / "kept"
+    assert main(["study", "depth", "--tiny", "--out", str(out), "--no-plots", "--keep-finished-checkpoints"]) == 0
+    finished = list(out.glob("cells/depth/*/*/seed*/cell_result.json"))
+    assert finished and all((f.parent / "work" / "checkpoint.pt").is_file() for f in finished)

@@ -42,7 +42,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="seeds per cell (quick: 2, deep and full: 3; at least 2 / 3)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figures (no matplotlib needed)")
-    p.add_argument("--keep-checkpoints", action="store_true",
+    p.add_argument("--keep-finished-checkpoints", action="store_true",
                    help="keep each finished cell's checkpoints (default: deleted once its result is written; a "
                         "10,000-layer cell's take 2.6 GB)")
     p.add_argument("--yes", action="store_true", help="start a full run without the confirmation pause")
@@ -152,7 +152,7 @@ def _run_locked(args: argparse.Namespace, studies: list[str], grid: Any, out: st
     display = _Display()
     try:  # SIGINT and SIGTERM raise Interrupted (fixup._signals): workers are stopped, finished cells stay
         result = reproduce(grid, out, studies=studies, jobs=args.jobs, progress=display, plots=not args.no_plots,
-                           keep_checkpoints=args.keep_checkpoints,
+                           keep_checkpoints=args.keep_finished_checkpoints,
                            seconds_per_cost=spc, command="fixup " + shlex.join(sys.argv[1:]))
     except Interrupted as err:
         display.close()

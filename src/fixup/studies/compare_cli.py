@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default None: runs/compare-MODEL); rerun to resume")
     p.add_argument("--json", metavar="PATH", help="also write the figures (compare.json's content) to this file")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG figure (no matplotlib needed)")
-    p.add_argument("--keep-checkpoints", action="store_true",
+    p.add_argument("--keep-finished-checkpoints", action="store_true",
                    help="keep each finished run's checkpoints (default: deleted once its result is written)")
     p.set_defaults(func=_compare)
 
@@ -72,7 +72,7 @@ def _compare(args: argparse.Namespace) -> int:
     display = _Display()
     try:  # SIGINT/SIGTERM raise Interrupted: running cells write their checkpoints, finished ones stay
         result = compare(config, out, jobs=jobs, progress=display, plots=not args.no_plots, command=command,
-                         keep_checkpoints=args.keep_checkpoints)
+                         keep_checkpoints=args.keep_finished_checkpoints)
     except Interrupted as err:
         err.kept = f"finished runs kept in {out}; unfinished ones resume from their checkpoints"
         raise
