@@ -191,6 +191,14 @@ def test_translation_gap_refutes_the_claim_only_after_the_trained_budget():
     assert short.verdict == UNRESOLVED and "300 updates of 1,024 tokens" in short.why
     trained = replace(quick, translation=replace(quick.translation, max_updates=600, max_tokens=2048))
     assert translation.claims(translation.summarise(recs, trained), trained)[0].verdict == NOT_REPRODUCED
+    # at the paper's dropouts the recipe's 600 updates are not the plateau: 1,800 are
+    recs = [_tr_record(m, 0.3, s, bleu + s, 1.0) for s in range(5)
+            for m, bleu in (("fixup", 25.0), ("layernorm", 45.0))]
+    for updates, verdict in ((600, UNRESOLVED), (1800, NOT_REPRODUCED)):
+        grid = replace(quick, translation=replace(quick.translation, max_updates=updates, max_tokens=2048,
+                                                  dropouts=(0.3,)))
+        row = translation.claims(translation.summarise(recs, grid), grid)[0]
+        assert row.verdict == verdict and (updates == 1800 or "at dropout 0.3" in row.why)
 
 
 def test_a_study_keeps_its_finished_cells_checkpoints_when_asked(tmp_path):

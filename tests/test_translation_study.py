@@ -16,9 +16,11 @@ from fixup.translation.task import RECIPES, translation_config
 def test_the_deep_tier_runs_the_plateau_recipe_with_the_papers_dropout_search_and_five_seeds(tmp_path):
     grid = make_grid("deep")
     g, tiny = grid.translation, RECIPES["tiny"]
-    assert (g.model, g.max_updates, g.warmup_steps, g.lr) == (tiny["model"], tiny["max_updates"],
+    # the tiny recipe trained 3x as long: at the paper's dropouts it has not flattened by its own 600 updates
+    assert (g.model, g.max_updates, g.warmup_steps, g.lr) == (tiny["model"], 3 * tiny["max_updates"],
                                                               tiny["warmup_steps"], tiny["lr"])
-    assert g.max_tokens == tiny["extra"]["max_tokens"] and g.max_updates * g.max_tokens >= translation.TRAINED_TOKENS
+    assert g.max_tokens == tiny["extra"]["max_tokens"]
+    assert g.max_updates * g.max_tokens >= translation.TRAINED_TOKENS_HIGH_DROPOUT
     assert translation._training_limit(grid) == ""  # a gap at this budget can refute the claim
     assert g.dropouts == (0.3, 0.4, 0.5, 0.6) and g.seeds == 5 and {"fixup", "layernorm"} <= set(g.methods)
     assert g.extra["eval_updates"] > 0 and g.extra["bleu_limit"] > 0  # the learning curves are recorded
