@@ -124,3 +124,18 @@ def test_deep_sweep_refuses_depths_that_are_not_6n_plus_2():
 
     with pytest.raises(ValueError, match="6n\\+2"):
         sweep([10000])
+
+
+def test_width_overrides_each_family_and_is_recorded():
+    bottleneck = FAMILIES["bottleneck"]
+    model = build_variant(bottleneck, "fixup", width=8)
+    assert model.conv1.out_channels == 8  # the first stage's planes
+    assert build_variant(bottleneck, "fixup").conv1.out_channels == bottleneck.kwargs["width"]
+    config = BenchConfig(families=("cifar",), variants=("none", "fixup"), threads=(1,), batch=2, depth=8, width=4,
+                         warmup=0, reps=1, memory=False, forward=False, explain=False)
+    result = benchmark(config)
+    assert result["families"]["cifar"]["options"] == {"depth": 8, "width": 4}
+    transformer = build_variant(FAMILIES["transformer"], "fixup", width=64)
+    assert transformer.cfg.d_model == 64 and transformer.cfg.ffn_dim == 128
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        BenchConfig(width=0)

@@ -45,6 +45,7 @@ from .bench_families import (
     VARIANTS,
     Family,
     build_variant,
+    family_options,
     loss_fn,
     make_batch,
 )
@@ -80,6 +81,7 @@ class BenchConfig:
     batch: int | None = None  # examples per step; None: each family's default
     depth: int | None = None  # the CIFAR ResNet's depth (6n+2); None: the family's (20)
     image_size: int | None = None  # image side in pixels for the ResNets; None: each family's (32, 64)
+    width: int | None = None  # each family's width (bench_families.family_options); None: the family's own
     device: str = "cpu"  # cpu, cuda, cuda:N or auto (threads apply to the CPU)
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
@@ -109,6 +111,8 @@ class BenchConfig:
             raise ValueError(f"threads must be positive thread counts, got {self.threads}")
         if self.image_size is not None and self.image_size < 1:
             raise ValueError(f"image_size must be >= 1 pixel, got {self.image_size}")
+        if self.width is not None and self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
         if self.depth is not None:
             from ..models.resnet_cifar import check_cifar_depth
 
@@ -244,7 +248,8 @@ def _measure_family(family: Family, config: BenchConfig, device: torch.device,
     if compiling:
         torch._dynamo.reset()  # this family's entries only, within the raised recompile limit
     variants = [v for v in config.variants if config.forward or v not in FORWARD_ONLY]
-    runners = {_key(m, v): _Runner(build_variant(family, v, seed=config.seed, depth=config.depth), inputs, target,
+    runners = {_key(m, v): _Runner(build_variant(family, v, seed=config.seed, depth=config.depth,
+                                                 width=config.width), inputs, target,
                                    loss_fn(family), m, device) for m in config.modes for v in variants}
     trainable = {k: r for k, r in runners.items() if k.split("/", 1)[1] not in FORWARD_ONLY}
     mem: dict[str, dict] = {}
@@ -288,7 +293,7 @@ def _measure_family(family: Family, config: BenchConfig, device: torch.device,
 
 def _family_record(family: Family, config: BenchConfig) -> dict[str, Any]:
     """What a family's rows measured: its builder, options, batch and input size (numbers under names)."""
-    options = dict(family.kwargs, **({"depth": config.depth} if config.depth and family.name == "cifar" else {}))
+    options = family_options(family, depth=config.depth, width=config.width)
     record = {"model": family.model, "options": options, "batch": config.batch or family.batch}
     if family.text:
         record["tokens"] = SEQUENCE
@@ -420,6 +425,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the CIFAR ResNet's depth, 6n+2 (default: None, which is 20)")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side in pixels for the ResNet families (default: None, each family's: 32 or 64)")
+    p.add_argument("--width", type=int, default=None,
+                   help="each family's width: first-stage channels (cifar 16, bottleneck 16; 64 is the standard "
+                        "ResNet-50), the Wide-ResNet's widening factor (2), the Transformer's model dimension (128, "
+                        "its feed-forward layer twice it; IWSLT's is 512) (default: None, each family's)")
     p.add_argument("--warmup", type=int, default=d.warmup,
                    help="untimed calls per variant before timing, at least 1 when compiling (default: %(default)s)")
     p.add_argument("--reps", type=int, default=d.reps, help="timed repetitions per variant, interleaved "
@@ -455,9 +464,9 @@ def run_command(args: argparse.Namespace) -> int:
     modes = _modes(args.modes, args.compile, args.bf16)
     config = BenchConfig(families=tuple(args.families), variants=tuple(args.variants), modes=modes,
                          threads=tuple(args.threads), batch=args.batch, depth=args.depth, image_size=args.image_size,
-                         device=args.device, warmup=args.warmup, reps=args.reps, memory=not args.no_memory,
-                         forward=not args.no_forward,
-                         explain=not args.no_explain, seed=args.seed)
+                         width=args.width, device=args.device, warmup=args.warmup, reps=args.reps,
+                         memory=not args.no_memory, forward=not args.no_forward, explain=not args.no_explain,
+                         seed=args.seed)
     result = benchmark(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result, markdown=args.markdown))
     if len(modes) > 1:

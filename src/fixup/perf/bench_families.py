@@ -74,12 +74,25 @@ def _method(family: Family, variant: str) -> Method | str:
     return family.norm if variant == "norm" else "fixup"
 
 
-def build_variant(family: Family, variant: str, *, seed: int = 0, depth: int | None = None) -> nn.Module:
+def family_options(family: Family, *, depth: int | None = None, width: int | None = None) -> dict:
+    """``family``'s builder options: ``depth`` overrides the CIFAR ResNet's depth (the other families ignore
+    it); ``width`` the ResNets' width option (first-stage channels, or the Wide-ResNet's widening factor) and
+    the Transformer's model dimension (its feed-forward layer twice as wide, as the tiny one's)."""
+    options = dict(family.kwargs)
+    if depth is not None and family.name == "cifar":
+        options["depth"] = depth
+    if width is not None:
+        options.update({"d_model": width, "ffn_dim": 2 * width} if family.text else {"width": width})
+    return options
+
+
+def build_variant(family: Family, variant: str, *, seed: int = 0, depth: int | None = None,
+                  width: int | None = None) -> nn.Module:
     """``family``'s model in ``variant`` (see the module's docstring), from the Fixup weights of ``seed``;
-    ``depth`` overrides the CIFAR ResNet's depth (the other families ignore it)."""
+    ``depth`` and ``width`` as in :func:`family_options`."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    kwargs = dict(family.kwargs, **({"depth": depth} if depth is not None and family.name == "cifar" else {}))
+    kwargs = family_options(family, depth=depth, width=width)
 
     def make(method: Method | str) -> nn.Module:
         with warnings.catch_warnings():  # the bare Transformer's report warns that its branches lack scalars
