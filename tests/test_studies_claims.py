@@ -20,6 +20,8 @@ from fixup.studies.claims import (
     judge,
 )
 from fixup.studies.evidence import Cells, cells_from_results, ci_halfwidth
+from fixup.studies.paper import CLAIMS
+from fixup.studies.registry import STUDIES
 
 
 def C(*values: float, planned: int | None = None, **failed: int) -> Cells:
@@ -52,14 +54,24 @@ def test_the_five_verdicts(tmp_path):
     rows = {c: ClaimRow(c, "ours", "scale", v, "why") for c, v in zip(claims, LITERAL_VERDICTS, strict=True)}
     outputs = {study: StudyOutput({}, [r for c, r in rows.items() if c.startswith(prefix)], "", [])
                for study, prefix in (("depth", "depth"), ("regularisation", "cifar10"), ("ablation", "ablation"))}
-    md_path, json_path = write_report(tmp_path, make_grid("quick"), outputs, {}, timing={})
+    grid = make_grid("quick")
+    every_study = {s: outputs.get(s, StudyOutput({}, [], "", [])) for s in STUDIES if s not in grid.skipped}
+    md_path, json_path = write_report(tmp_path, grid, every_study, {}, timing={}, skipped=grid.skipped)
     md = md_path.read_text()
     for verdict in LITERAL_VERDICTS:
         assert f"| **{verdict}** (why) |" in md
     counts = next(line for line in md.splitlines() if line.startswith("Verdicts: ")).split(". ")[0]
     n_claims = len(json.loads(json_path.read_text())["claims"])
+    assert n_claims == len(CLAIMS) and md.count("| **not run**") == n_claims - 4  # every claim, in both
     assert sorted(counts.removeprefix("Verdicts: ").split(", ")) == sorted(
         [f"1 {v}" for v in LITERAL_VERDICTS[:4]] + [f"{n_claims - 4} not run"])
+    # a run of chosen studies: report.md shows their claims only and says how many it leaves out;
+    # results.json still lists every claim
+    md_path, json_path = write_report(tmp_path, grid, outputs, {}, timing={}, skipped=grid.skipped)
+    md = md_path.read_text()
+    shown = sum(c.study in outputs for c in CLAIMS)
+    assert md.count("| **") == shown and f"The paper's {len(CLAIMS) - shown} further claims" in md
+    assert len(json.loads(json_path.read_text())["claims"]) == len(CLAIMS)
     by_claim = {r["claim"]: r["verdict"] for r in json.loads(json_path.read_text())["claims"]}
     assert [by_claim[c] for c in claims] == list(LITERAL_VERDICTS)
     assert by_claim["translation_wmt"] == "not run"

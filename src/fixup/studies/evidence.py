@@ -59,21 +59,26 @@ class Cells:
     def stat(self) -> Stat:
         return stat([*self.values, *([None] * (self.n_failed + self.no_value))])
 
-    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
-        """``85.0 ± 2.0% (n=2)``, ``71.0% (n=1 of 2; diverged 1 of 2)``, ``— (n=0 of 2; diverged 2 of 2)``."""
+    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "", *, counts: bool = True) -> str:
+        """``85.0 ± 2.0% (n=2)``, ``71.0% (n=1 of 2; diverged 1 of 2)``, ``— (n=0 of 2; diverged 2 of 2)``;
+        ``counts=False`` leaves the parenthesis (:meth:`counts_text`) out, for a table that states it once."""
         s = self.stat
         if s.mean is None:
-            text = f"— (n=0 of {self.planned}"
+            text = "—"
         else:
-            of = f" of {self.planned}" if len(self.values) != self.planned else ""
             spread = f" ± {(s.std or 0.0) * scale:.{digits}f}" if len(self.values) > 1 else ""  # one value: no spread
-            text = f"{s.mean * scale:.{digits}f}{spread}{unit} (n={len(self.values)}{of}"
+            text = f"{s.mean * scale:.{digits}f}{spread}{unit}"
+        return f"{text} ({self.counts_text()})" if counts else text
+
+    def counts_text(self) -> str:
+        """``n=2``, ``n=1 of 2; diverged 1 of 2``, ``n=0 of 2; not finished 2 of 2``."""
+        of = f" of {self.planned}" if len(self.values) != self.planned else ""
         notes = [f"{name} {k} of {self.planned}" for name, k in sorted(self.failed.items()) if k]
         if self.no_value:
             notes.append(f"no value {self.no_value} of {self.planned}")
         if self.present < self.planned:
             notes.append(f"not finished {self.planned - self.present} of {self.planned}")
-        return text + ("; " + ", ".join(notes) if notes else "") + ")"
+        return f"n={len(self.values)}{of}" + ("; " + ", ".join(notes) if notes else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"planned": self.planned, "values": list(self.values), "failed": dict(self.failed),

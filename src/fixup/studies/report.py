@@ -48,6 +48,22 @@ def environment() -> dict[str, Any]:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def _data(grid: Grid, outputs: Mapping[str, Any]) -> str:
+    """The data and seeds of the studies in ``outputs``: the image studies' and, apart, the translation study's."""
+    parts = []
+    if not outputs or any(name != "translation" for name in outputs):
+        parts.append(f"{grid.describe_data()}, {grid.seeds} seeds per cell")
+    if "translation" in outputs:
+        t = grid.translation
+        parts.append(f"translation: {t.data_dir or 'the embedded generated task'}, {t.seeds or grid.seeds} seeds "
+                     "per cell")
+    return "; ".join(parts)
+
+
+def _threads(n: int) -> str:
+    return f"{n} CPU thread{'s' if n != 1 else ''}"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -56,12 +72,18 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
                  timing: Mapping[str, Any], command: str = "", skipped: Mapping[str, str] | None = None
                  ) -> tuple[Path, Path]:
     """Write ``out/report.md`` and ``out/results.json``; return their paths."""
-    rows = claim_rows(outputs, skipped)
+    from .registry import STUDIES
+
+    rows = claim_rows(outputs, skipped)  # results.json: every claim
+    # report.md: every claim for a run of every study its mode runs; a run of chosen studies shows theirs only
+    every = all(name in outputs for name in STUDIES if name not in (skipped or {}))
+    shown = rows if every else [r for r in rows if paper.claim(r.claim).study in outputs]
+    left_out = len(rows) - len(shown)
     env = environment()
-    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    counts = {v: sum(r.verdict == v for r in shown) for v in dict.fromkeys(r.verdict for r in shown)}
     md = [f"# Fixup: the paper's claims, reproduced ({grid.mode} mode)", "",
-          f"Data: {grid.describe_data()}; seeds per cell: {grid.seeds}; every figure is mean ± std over seeds "
-          "with n. Paper: Zhang, Dauphin & Ma, *Fixup Initialization: Residual Learning Without Normalization*, "
+          f"Data: {_data(grid, outputs)}; every figure is mean ± std over seeds with n. Paper: Zhang, Dauphin & "
+          "Ma, *Fixup Initialization: Residual Learning Without Normalization*, "
           "ICLR 2019.", "",
           *([f"Command: `{command}`", ""] if command else []),
           f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
@@ -70,13 +92,15 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
              "cell time (a worker's wall time per cell, summed"
              + (f"; {timing['cells_untimed']} cells have no recorded time" if timing.get("cells_untimed") else "")
              + "); " if timing.get("cells_finished") else "")
-          + f"torch {env['torch']}, {env['cuda'] or str(env['cpu_threads']) + ' CPU threads'}.", "",
+          + f"torch {env['torch']}, {env['cuda'] or _threads(env['cpu_threads'])}.", "",
           "## Claims", "",
           "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". *Direction reproduced at reduced "
           "scale* means the claimed effect shows, beyond the seeds' spread, on a smaller problem than the "
-          "paper's; each row says the rule it was judged by.", "",
+          "paper's; each row says the rule it was judged by."
+          + (f" The paper's {left_out} further claims belong to studies this run did not include (`fixup "
+             "reproduce` reports every claim; results.json lists them as not run)." if left_out else ""), "",
           "| claim | paper (source) | ours | scale | verdict |", "|---|---|---|---|---|"]
-    for row in rows:
+    for row in shown:
         c = paper.claim(row.claim)
         why = f" ({row.why})" if row.why else ""
         md.append(f"| {_cell(c.statement)} | {_cell(c.paper_text())} ({_cell(c.sources())}) | {_cell(row.ours)} | "

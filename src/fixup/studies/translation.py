@@ -286,17 +286,22 @@ def _curve_markdown(summary: dict[str, Any], grid: Grid) -> list[str]:
         return []
     extra = grid.translation.extra
     names = [LABELS.get(m, m) for m in chosen]
-    lines = ["", f"Learning curves at each method's chosen dropout, mean ± std over seeds (n per cell): validation "
-             f"NLL per token on the whole validation split and greedy BLEU on its first {extra.get('bleu_limit', 0)} "
+    steps = sorted({p["step"] for e in chosen.values() for p in e["curve"]})
+    points = [[next((p for p in e["curve"] if p["step"] == step), None) for e in chosen.values()] for step in steps]
+    # seeds per point: stated once where every point of the table has the same, else in every cell
+    counts = {Cells.from_dict(p[key]).counts_text() for row in points for p in row if p
+              for key in ("valid_bleu", "valid_nll")}
+    once = len(counts) == 1
+    per = f" ({next(iter(counts))} at every point)" if once else " (n per cell)"
+    lines = ["", f"Learning curves at each method's chosen dropout, mean ± std over seeds{per}: validation NLL per "
+             f"token on the whole validation split and greedy BLEU on its first {extra.get('bleu_limit', 0)} "
              f"sentences, evaluated every {extra.get('eval_updates', 0)} updates of the same runs (greedy on part of "
              "the validation split is the cheap signal; the table's BLEU is beam search on the test split).", "",
              "| updates | " + " | ".join(f"{n} valid BLEU" for n in names) + " | "
              + " | ".join(f"{n} valid NLL" for n in names) + " |", "|---|" + "---|" * (2 * len(names))]
-    steps = sorted({p["step"] for e in chosen.values() for p in e["curve"]})
-    for step in steps:
-        points = [next((p for p in e["curve"] if p["step"] == step), None) for e in chosen.values()]
-        bleu = [Cells.from_dict(p["valid_bleu"]).format(1) if p else "" for p in points]
-        nll = [Cells.from_dict(p["valid_nll"]).format(3) if p else "" for p in points]
+    for step, row in zip(steps, points):
+        bleu = [Cells.from_dict(p["valid_bleu"]).format(1, counts=not once) if p else "" for p in row]
+        nll = [Cells.from_dict(p["valid_nll"]).format(3, counts=not once) if p else "" for p in row]
         lines.append(f"| {step} | " + " | ".join(bleu + nll) + " |")
     return lines
 
