@@ -3,7 +3,7 @@ and verdicts that rest on the grid's deepest depth only."""
 
 import pytest
 
-from fixup.studies import depth, make_grid
+from fixup.studies import depth, make_grid, translation
 from fixup.studies.claims import NOT_RUN
 from fixup.studies.estimate import estimate_seconds
 from fixup.studies.runner import in_order, longest_first
@@ -52,6 +52,17 @@ def test_cheapest_first_finishes_every_shallow_row_and_gives_every_method_n1_bef
     assert longest_first(tasks)[0].cell.setting["depth"] == 10000
     with pytest.raises(ValueError, match="order must be"):
         in_order(tasks, "random")
+
+
+def test_translation_runs_the_claims_two_systems_seed_by_seed_before_the_further_rows(grid, tmp_path):
+    cells = [t.cell for t in in_order(translation.STUDY.plan(grid, Store(tmp_path)).tasks, grid.order)]
+    g = grid.translation
+    claim = len(translation.CLAIM_METHODS) * len(g.dropouts) * g.seeds
+    assert len(cells) == len(g.methods) * len(g.dropouts) * g.seeds
+    assert {c.method for c in cells[:claim]} == {"fixup", "layernorm"}
+    assert {c.method for c in cells[claim:]} == {"t_fixup"}
+    per_seed = len(translation.CLAIM_METHODS) * len(g.dropouts)  # every dropout of both at n=1 before any at n=2
+    assert [c.seed for c in cells[:claim]] == [s for s in range(g.seeds) for _ in range(per_seed)]
 
 
 def test_the_estimate_follows_the_order(grid, tmp_path):
