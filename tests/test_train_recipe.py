@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from fixup.cli import main
 from fixup.train import TrainConfig, fit
 from fixup.train.cli import config_from_args
+from fixup.train.optim import lr_factor
 from fixup.train.recipe import apply_recipe
 
 # Two plain SGD steps at lr 1 on a small NF-ResNet: big enough steps that AGC (lambda 0.01) has work to do.
@@ -63,8 +65,20 @@ def test_t_fixup_trains_without_warm_up_unless_one_is_given() -> None:
     from fixup.translation.task import translation_config
 
     cfg = translation_config("tiny", init="t_fixup")  # the tiny recipe warms up for 100 steps: T-Fixup's does not
-    assert (cfg.norm, cfg.warmup_steps, cfg.schedule) == ("none", 0, "constant")
+    assert (cfg.norm, cfg.warmup_steps, cfg.schedule, cfg.decay_start) == ("none", 0, "inverse_sqrt", 100)
     assert apply_recipe(cfg)[1].warmup_from == "method"
+    # the peak rate from the first step until step 100, where the others' warm-up ends; then the same decay
+    warm = translation_config("tiny")
+    t_fixup = [lr_factor(s, 600, cfg) for s in (0, 50, 99, 100, 399, 599)]
+    assert t_fixup == [1.0, 1.0, 1.0, pytest.approx(math.sqrt(100 / 101)), pytest.approx(0.5), pytest.approx(
+        math.sqrt(100 / 600))]
+    assert [lr_factor(s, 600, warm) for s in (0, 99, 399)] == [pytest.approx(0.01), 1.0, pytest.approx(0.5)]
+    assert translation_config("tiny", init="t_fixup", decay_start=300).decay_start == 300  # given: kept
+    assert translation_config("iwslt", init="t_fixup").decay_start == 4000  # the authors' IWSLT recipe
+    with pytest.raises(ValueError, match="decay_start > 0"):
+        TrainConfig(schedule="inverse_sqrt", warmup_steps=0).validate()
+    with pytest.raises(ValueError, match="decay_start must be >= 0"):
+        TrainConfig(decay_start=-1).validate()
     given = translation_config("tiny", init="t_fixup", warmup_steps=50)
     assert (given.warmup_steps, given.schedule) == (50, "inverse_sqrt")
     recipe = apply_recipe(given)[1]

@@ -74,8 +74,9 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
 
     ``given`` are the options set explicitly; they keep their values (the caller merges them over the result).
     For a method whose recipe has no warm-up (``t_fixup``), the base's warm-up goes, and an ``inverse_sqrt``
-    schedule (which needs one) becomes ``constant``: the post-warm-up rate from the first step, which is T-Fixup's
-    rate until its inverse square-root decay would start (4,000 updates in the authors' IWSLT recipe).
+    schedule keeps the peak rate from the first step until the step where the base's warm-up would have ended,
+    then decays from there (``decay_start``): T-Fixup's schedule (the authors' IWSLT recipe decays from update
+    4,000, where the base recipe's warm-up ends).
     """
     out = dict(base)
     if "norm" not in given and "init" in given:  # a method name given alone selects its own normalisation
@@ -86,7 +87,8 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
     merged = {**out, **given}
     method = resolve_method(merged.get("norm") or None, merged.get("init") or None)
     if not method.warmup and "warmup_steps" not in given:
+        schedule = given.get("schedule", out.get("schedule"))
+        if schedule == "inverse_sqrt" and "decay_start" not in given and not out.get("decay_start"):
+            out["decay_start"] = out.get("warmup_steps", 0)
         out["warmup_steps"] = 0
-        if out.get("schedule") == "inverse_sqrt" and "schedule" not in given:
-            out["schedule"] = "constant"
     return out
