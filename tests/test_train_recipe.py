@@ -67,6 +67,7 @@ def test_t_fixup_trains_without_warm_up_unless_one_is_given() -> None:
     cfg = translation_config("tiny", init="t_fixup")  # the tiny recipe warms up for 100 steps: T-Fixup's does not
     assert (cfg.norm, cfg.warmup_steps, cfg.schedule, cfg.decay_start) == ("none", 0, "inverse_sqrt", 100)
     assert apply_recipe(cfg)[1].warmup_from == "method"
+    assert "the peak rate until step 100, then the inverse square-root decay" in apply_recipe(cfg)[1].notes[1]
     # the peak rate from the first step until step 100, where the others' warm-up ends; then the same decay
     warm = translation_config("tiny")
     t_fixup = [lr_factor(s, 600, cfg) for s in (0, 50, 99, 100, 399, 599)]

@@ -64,7 +64,9 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
         warm_from = "explicit"
         warm_note = f"the warm-up set explicitly (warmup_steps), although {name}'s recipe has no warm-up"
     else:
-        warm_from, warm_note = "method", f"no warm-up: {name}'s recipe"
+        warm_from, warm_note = "method", f"no warm-up: {name}'s recipe" + (
+            f" (the peak rate until step {config.decay_start}, then the inverse square-root decay)"
+            if config.schedule == "inverse_sqrt" else "")
     recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note))
     return config.replace(clip=clip), recipe
 
