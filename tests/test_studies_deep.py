@@ -1,6 +1,9 @@
 """The deep tier (``fixup reproduce --deep``): the paper's four depths with every method, cheapest cells first,
 and verdicts that rest on the grid's deepest depth only."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from fixup.studies import depth, make_grid, translation
@@ -130,3 +133,26 @@ def test_a_resumed_run_estimates_from_its_own_finished_cells(grid, tmp_path):
     assert rate == pytest.approx(1e-4 / COST_FACTOR)
     # the estimate of a cell then gives back the seconds such a cell took
     assert estimate_seconds(mid, rate) == pytest.approx(CELL_OVERHEAD_S + 1e-4 * mid[0].cell.cost)
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize(("folder", "study"), [("deep_tier", "depth"), ("deep_translation", "translation")])
+def test_the_committed_deep_stores_resume_under_this_code(grid, tmp_path, folder, study):
+    """Every committed cell is a cell the deep tier plans, with the config it would run now: a recipe change
+    that would refuse the committed store on resume (ConfigMismatchError) fails here instead."""
+    from fixup.studies.registry import get_study
+
+    source = RESULTS / folder / "cells"
+    if not source.is_dir():
+        pytest.skip(f"{source} is not in this checkout")
+    shutil.copytree(source, tmp_path / "cells")  # read from a copy: a store moves bad files aside
+    store = Store(tmp_path)
+    planned = {t.cell.relpath(): t.cell for t in get_study(study).plan(grid, store).tasks}
+    committed = {p.parent.relative_to(tmp_path) for p in (tmp_path / "cells").glob("*/*/*/seed*/cell_config.json")}
+    assert committed, f"no cells in {source}"
+    for rel in sorted(committed):
+        assert rel in planned, f"{rel} is committed but the deep tier no longer plans it"
+        store.is_done(planned[rel])  # raises ConfigMismatchError on a changed config
+    assert not store.problems
