@@ -7,6 +7,7 @@ that the command line can draw it; library code never prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -97,15 +98,20 @@ def _execute(fn: CellFn, cell: Cell, root: str,
     start = time.perf_counter()
     try:
         work = store.start(cell)
+        earlier = store.spent(cell)  # runs that stopped before the cell finished (it resumes where they stopped)
         result = fn(cell, work)
-    except Exception as err:  # a bug in a cell is recorded and the other cells go on
+    except BaseException as err:
+        with contextlib.suppress(OSError):  # a full disk must not hide the error itself
+            store.add_spent(cell, time.perf_counter() - start)
+        if not isinstance(err, Exception):  # stopped (SIGINT/SIGTERM): the run resumes the cell later
+            raise
         full = full_disk_error(err)
         if full is not None:  # not the cell's bug: every cell would meet it, so the run stops (and resumes later)
             raise full from (None if full is err else err)
-        error = traceback.format_exc()
+        error = traceback.format_exc()  # a bug in a cell is recorded and the other cells go on
         store.fail(cell, error)
         return cell.key, time.perf_counter() - start, error, store.problems
-    seconds = time.perf_counter() - start
+    seconds = earlier + time.perf_counter() - start
     store.finish(cell, result, seconds)
     if not keep_checkpoints:
         store.drop_checkpoints(cell)

@@ -40,6 +40,7 @@ __all__ = ["BadCellFile", "ConfigMismatchError", "Store", "StoreLockedError"]
 LOCK = ".lock"
 
 RESULT, CONFIG, ERROR, WORK = "cell_result.json", "cell_config.json", "cell_error.json", "work"
+SPENT = "seconds_spent.json"  # in work/: the time of the runs that stopped before the cell finished
 
 
 def _canonical(data: Any) -> str:
@@ -193,7 +194,8 @@ class Store:
 
     def finish(self, cell: Cell, result: dict[str, Any], seconds: float | None) -> dict[str, Any]:
         """Write the cell's result atomically; from then on the cell counts as done. ``seconds`` is the
-        worker's wall time for the cell, None where it is unknown (a record rebuilt from a summary)."""
+        workers' wall time for the cell (every run of it: :meth:`spent` holds the earlier ones'), None where it
+        is unknown (a record rebuilt from a summary)."""
         record = {**cell.identity(), "config": dict(cell.config), "seconds": seconds, "result": result}
         write_json(self.cell_dir(cell) / RESULT, record)
         return record
@@ -209,6 +211,17 @@ class Store:
                 freed += path.stat().st_size
                 path.unlink()
         return freed
+
+    def spent(self, cell: Cell) -> float:
+        """Seconds earlier runs spent on this unfinished cell before they stopped (0 if none, or unreadable)."""
+        try:
+            return float(json.loads((self.work_dir(cell) / SPENT).read_text())["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0
+
+    def add_spent(self, cell: Cell, seconds: float) -> None:
+        """Count ``seconds`` of a run that stopped before the cell finished, for the cell's recorded time."""
+        write_json(self.work_dir(cell) / SPENT, {"seconds": self.spent(cell) + seconds})
 
     def fail(self, cell: Cell, error: str) -> None:
         """Record an error (a bug, not a divergence); the cell stays unfinished and is retried next time."""
