@@ -10,6 +10,7 @@ from torch import nn
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.nn import Bias, Scale
+from fixup.perf import ops
 from fixup.perf.fold import ShiftedConv2d, fold_after, fold_for_inference, fold_layer
 from fixup.perf.ops import set_lean
 
@@ -74,7 +75,10 @@ def test_folding_does_not_depend_on_the_path_the_model_ran(lean, one_thread):
 
 @pytest.mark.parametrize(("stride", "padding", "size"), [(1, 1, (9, 7)), (2, 1, (9, 8)), (2, 2, (6, 11)),
                                                          (1, 0, (5, 5))])
-def test_fold_layer_shift_before_a_padded_convolution_is_exact(stride, padding, size):
+@pytest.mark.parametrize("whole_map", [True, False])
+def test_fold_layer_shift_before_a_padded_convolution_is_exact(stride, padding, size, whole_map, monkeypatch):
+    # eager, small outputs take the border correction as one whole-map addition, large ones by rectangles
+    monkeypatch.setattr(ops, "WHOLE_MAP_NUMEL", 1 << 30 if whole_map else 0)
     conv = nn.Conv2d(3, 4, 3, stride, padding, bias=True)
     shift, pre, scale, bias = torch.tensor([0.7]), torch.tensor([1.3]), torch.tensor([-0.4]), torch.randn(4)
     x = torch.randn(2, 3, *size)

@@ -18,6 +18,7 @@ from torch import nn
 from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
+from fixup.perf.bench_families import BARE_TRANSFORMER
 from fixup.perf.ops import set_lean
 
 FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]
@@ -161,6 +162,10 @@ def test_lean_transformer_keeps_what_the_bare_transformer_keeps(one_thread):
     set_lean(bare, True)
     src, tgt = _tokens(8, 24, 1), _tokens(8, 24, 2)
     lean_b, plain_b, bare_b = (_saved_bytes(m, src, tgt) for m in (lean, plain, bare))
-    # The bare reference still has multipliers, which the lean path folds into the weights (parameter-sized).
-    assert lean_b <= 1.05 * bare_b, (lean_b, bare_b)
+    # The bare reference has the multipliers too: the lean path keeps no scaled weight, only bias-sized vectors.
+    assert lean_b <= 1.01 * bare_b, (lean_b, bare_b)
     assert plain_b >= 1.15 * bare_b, (plain_b, bare_b)
+    # Against no scalars at all: the scaled weights' copies would be +8% here; what is left is the encoder
+    # output's bias and multiplier, one (B, S, d) tensor that the cross-attentions keep (+2%).
+    floor = create_model("transformer_tiny", method=BARE_TRANSFORMER, **kw)
+    assert lean_b <= 1.03 * _saved_bytes(floor, src, tgt)

@@ -14,7 +14,7 @@ from _perturb import perturbed as _perturbed
 from fixup.method import METHODS
 from fixup.models import create_model
 from fixup.models.resnet_cifar import BasicBlock, CifarResNet
-from fixup.perf.ops import _AddBorder, lean_conv2d, ones_response, set_lean
+from fixup.perf.ops import _AddBorder, _ScaledMatmul, lean_conv2d, lean_linear, ones_response, set_lean
 
 
 def _reference_block(block: BasicBlock, x: torch.Tensor) -> torch.Tensor:
@@ -192,3 +192,34 @@ def test_lean_conv2d_takes_every_documented_bias_form_with_a_shift_and_a_multipl
     expected = torch.autograd.grad(written.square().sum(), (shift, scale, bias, conv.weight))
     for got, want in zip(grads, expected):
         torch.testing.assert_close(got, want)
+
+
+def test_scaled_matmul_keeps_no_scaled_weight_and_has_exact_gradients():
+    """The eager multiplier inside a linear layer: ``x @ (s W).t()`` with gradients (double backward included)
+    checked numerically, and autograd keeping ``x`` and ``W`` for backward, never a scaled copy of ``W``."""
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    scale = torch.randn(1, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(_ScaledMatmul.apply(x, weight, scale), x @ (scale * weight).t())
+    assert torch.autograd.gradcheck(_ScaledMatmul.apply, (x, weight, scale))
+    assert torch.autograd.gradgradcheck(_ScaledMatmul.apply, (x, weight, scale))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        lean_linear(x, nn.Linear(5, 4, dtype=torch.float64), shift=scale, scale=scale, bias=scale).sum().backward()
+    assert sum(t.numel() for t in saved if t.shape == (4, 5)) == weight.numel()  # the weight itself, once
+
+
+def test_scaled_linear_under_bfloat16_autocast_matches_autograd_of_the_written_form():
+    linear = nn.Linear(8, 6)
+    x = torch.randn(4, 7, 8)
+    shift, scale = torch.tensor([0.3], requires_grad=True), torch.tensor([0.7], requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lean = lean_linear(x, linear, shift=shift, scale=scale)
+        written = F.linear(x + shift, linear.weight * scale, linear.bias * scale)
+    assert lean.dtype == written.dtype == torch.bfloat16
+    torch.testing.assert_close(lean, written, rtol=2e-2, atol=2e-2)
+    grads = torch.autograd.grad(lean.float().square().sum(), (shift, scale, linear.weight, linear.bias))
+    expected = torch.autograd.grad(written.float().square().sum(), (shift, scale, linear.weight, linear.bias))
+    for got, want in zip(grads, expected):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())

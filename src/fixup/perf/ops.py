@@ -178,25 +178,42 @@ class _AddBorder(torch.autograd.Function):
         for rows, cols in ctx.regions:
             border[:, rows, cols] = grad[:, :, rows, cols].sum(0).to(kernel.dtype)
         rows, cols = _tap_matrices(kernel, ctx.size, ctx.geometry)
-        summed = torch.matmul(torch.matmul(rows, border), cols.t()) - border.sum((1, 2))[:, None, None]
+        channels, height, width = border.shape
+        # rows @ border @ cols.t() per channel, as two plain matrix products: a (C, kh, H) x (C, H, W) batched
+        # product runs as a loop over channels on CPU (compiled: thousands of select and clone calls a step)
+        per_col = torch.mm(border.reshape(channels * height, width), cols.t())  # (C * H, kw)
+        by_row = per_col.view(channels, height, -1).transpose(0, 1).reshape(height, -1)  # (H, C * kw)
+        taps = torch.mm(rows, by_row).view(rows.shape[0], channels, -1).transpose(0, 1)  # (C, kh, kw)
+        summed = taps - border.sum((1, 2))[:, None, None]
         return grad, summed, None, None
+
+
+#: Eager :class:`ShiftedConv2d` outputs of at most this many elements take the border correction as one
+#: whole-map addition rather than one addition per border rectangle (up to four). Measured on a 2-core CPU at
+#: one thread (``fixup bench --variants none fixup-folded``): a rectangle's addition costs 10-15 us of
+#: dispatch and strided access whatever its size, a whole-map addition about 0.1 ms per million elements, so
+#: at CIFAR and small-bottleneck sizes (up to 64 x 16 x 32 x 32) the one addition wins (3-110 us against
+#: 45-125 us) and at ImageNet sizes the rectangles do.
+WHOLE_MAP_NUMEL = 1 << 20
 
 
 class ShiftedConv2d(nn.Conv2d):
     """``conv(x + shift)`` for a zero-padded convolution, computed as ``conv(x)`` plus a border correction.
 
     The interior part of ``shift * conv(1)``, ``shift * W.sum((1, 2, 3))``, is already in ``bias`` (folded
-    by :func:`fold_layer`); ``forward`` adds ``shift * (conv(1) - W.sum((1, 2, 3)))`` to the output rows and
-    columns that read the padding, in place. The correction is cached per input size and recomputed when
-    the weight, bias or shift change (``_version``); compiled, it is one whole-map addition
-    (:func:`_border_map`) that inductor fuses with the next operation. For inference: under autograd the
-    in-place slices are correct but copy gradients, so train the unfolded model instead.
+    by :func:`fold_layer`); ``forward`` adds ``shift * (conv(1) - W.sum((1, 2, 3)))``, zero inside the image,
+    to the output in place. The correction is cached per input size and recomputed when the weight, bias or
+    shift change (``_version``). Eager, a small output takes it as one whole-map addition and a large one
+    as in-place additions on the rows and columns that read the padding (:data:`WHOLE_MAP_NUMEL`); compiled,
+    it is one whole-map addition (:func:`_border_map`) that inductor fuses with the next operation. For
+    inference: under autograd the in-place additions are correct but copy gradients, so train the unfolded
+    model instead.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.register_buffer("shift", torch.zeros(1))
-        self._borders: dict[tuple, list[tuple[tuple[slice, slice], Tensor]]] = {}
+        self._borders: dict[tuple, tuple[Tensor, list[tuple[tuple[slice, slice], Tensor]]]] = {}
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, shift: Tensor) -> ShiftedConv2d:
@@ -208,11 +225,12 @@ class ShiftedConv2d(nn.Conv2d):
         new.shift.copy_(shift.detach().reshape(1))
         return new
 
-    def _pieces(self, size: tuple[int, int]) -> list[tuple[tuple[slice, slice], Tensor]]:
+    def _correction(self, size: tuple[int, int]) -> tuple[Tensor, list[tuple[tuple[slice, slice], Tensor]]]:
+        """The whole (C_out, H_out, W_out) correction map, and its border rectangles with their pieces."""
         with torch.no_grad():
             full = ones_response(self.weight, size, self.stride, self.padding, self.dilation)[0]
             corr = (full - self.weight.sum((1, 2, 3))[:, None, None]) * self.shift  # zero inside the image
-        return [((rows, cols), corr[:, rows, cols].contiguous()) for rows, cols in _border_regions(size, self)]
+        return corr, [((rows, cols), corr[:, rows, cols].contiguous()) for rows, cols in _border_regions(size, self)]
 
     def forward(self, x: Tensor) -> Tensor:
         out = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -222,12 +240,15 @@ class ShiftedConv2d(nn.Conv2d):
             return out.add_(_border_map(summed, size, (self.stride, self.padding, self.dilation)).to(out.dtype))
         key = (size, x.device, x.dtype, self.weight._version, self.shift._version,
                None if self.bias is None else self.bias._version)
-        pieces = self._borders.get(key)
-        if pieces is None:
-            pieces = self._pieces(size)
-            self._borders = {key: pieces}
+        cached = self._borders.get(key)
+        if cached is None:
+            cached = self._correction(size)
+            self._borders = {key: cached}
+        whole, pieces = cached
+        if out.numel() <= WHOLE_MAP_NUMEL:
+            return out.add_(whole.to(out.dtype))
         for (rows, cols), piece in pieces:
-            out[:, :, rows, cols] += piece.to(out.dtype)
+            out[:, :, rows, cols].add_(piece.to(out.dtype))  # on the view: no copy back into ``out``
         return out
 
 
@@ -314,15 +335,40 @@ def lean_conv2d(x: Tensor, conv: nn.Conv2d, *, shift: Tensor | None = None, scal
     return out.add_(add.to(out.dtype))
 
 
+class _ScaledMatmul(torch.autograd.Function):
+    """``x @ (scale * weight).t()`` keeping ``x``, ``weight`` and ``scale`` for backward, not the scaled weight.
+
+    Autograd would keep ``scale * weight``, a parameter-sized tensor per scaled layer: in a 512-wide
+    Transformer at 1,024 tokens a step, 1.11x the bare network's peak memory (``fixup bench --families
+    transformer --width 512``). Backward recomputes the product; it is written in differentiable operations,
+    so double backward works. Under autocast the product runs in the autocast dtype, as ``F.linear`` would.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight, scale)
+        return torch.matmul(x, (weight * scale).t())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, weight, scale = ctx.saved_tensors
+        grad_x = torch.matmul(grad, (weight * scale).to(grad.dtype)).to(x.dtype)
+        raw = torch.mm(grad.reshape(-1, grad.shape[-1]).t(), x.reshape(-1, x.shape[-1]).to(grad.dtype))
+        raw = raw.to(weight.dtype)  # the gradient of the scaled weight, (out, in)
+        return grad_x, raw * scale, (raw * weight).sum().reshape(scale.shape)
+
+
 def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, scale: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
     """``scale * linear(x + shift) + bias`` as one ``F.linear``: ``W' = s W``, ``c' = s (c + shift W.sum(1)) + bias``.
 
     ``shift``, ``scale`` and ``bias`` are scalars (shape (1,)) or None (``bias`` may also be a vector of
-    ``out_features``). Backward keeps ``x`` and the (scaled) weight only; the output is fresh (not a view), so
-    callers may change it in place.
+    ``out_features``). Backward keeps ``x`` and the weight only (eager, :class:`_ScaledMatmul` recomputes
+    ``W'``; compiled, inductor decides); the output is fresh (not a view), so callers may change it in place.
     """
-    weight = linear.weight if scale is None else linear.weight * scale
+    recompute = (scale is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                 and (x.requires_grad or linear.weight.requires_grad or scale.requires_grad))
+    weight = linear.weight if scale is None or recompute else linear.weight * scale
     vector = linear.bias
     if vector is not None and scale is not None:
         vector = vector * scale
@@ -330,7 +376,11 @@ def lean_linear(x: Tensor, linear: nn.Linear, *, shift: Tensor | None = None, sc
         b = bias.expand(linear.out_features) if bias.numel() == 1 and vector is None else bias
         vector = b if vector is None else vector + b
     if shift is not None:  # one addcmul where a vector is there: eager, each node costs more than its work
-        vector = weight.sum(1) * shift if vector is None else torch.addcmul(vector, weight.sum(1), shift)
+        total = weight.sum(1) * scale if recompute else weight.sum(1)
+        vector = total * shift if vector is None else torch.addcmul(vector, total, shift)
+    if recompute:
+        out = _ScaledMatmul.apply(x, weight, scale)
+        return out if vector is None else out.add_(vector.to(out.dtype))
     if vector is None or x.dim() <= 2:
         return F.linear(x, weight, vector)
     # F.linear with a bias on (B, T, D) returns a view of a 2-D addmm, and the caller's in-place residual
