@@ -95,7 +95,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions as written; every option's help ends with its default."""
+    """Descriptions as written; every option's help ends with its default, once (an option whose help says its
+    default in words keeps those words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "(default:" in action.help:
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Subcommands(argparse._SubParsersAction):
