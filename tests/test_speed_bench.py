@@ -10,7 +10,7 @@ import torch
 from fixup.cli import main
 from fixup.nn import Bias, Scale
 from fixup.perf.bench import BenchConfig, benchmark, format_table
-from fixup.perf.bench_families import FAMILIES, build_variant
+from fixup.perf.bench_families import FAMILIES, build_variant, make_batch
 from fixup.perf.memory import model_bytes, peak_step_memory
 
 
@@ -139,3 +139,20 @@ def test_width_overrides_each_family_and_is_recorded():
     assert transformer.cfg.d_model == 64 and transformer.cfg.ffn_dim == 128
     with pytest.raises(ValueError, match="width must be >= 1"):
         BenchConfig(width=0)
+
+
+@pytest.mark.parametrize("family", ["cifar", "transformer"])
+def test_biased_variant_is_the_bare_network_with_zero_layer_biases(family):
+    """The floor of a network with layer biases: the bare network's function and weights, a zero bias in every
+    convolution and linear layer, no scalar; its step computes each bias's gradient (a full reduction)."""
+    fam = FAMILIES[family]
+    bare, biased = build_variant(fam, "none"), build_variant(fam, "biased")
+    layers = [m for m in biased.modules() if type(m) in (torch.nn.Conv2d, torch.nn.Linear)]
+    assert layers and all(m.bias is not None and not m.bias.any() for m in layers)
+    assert not any(isinstance(m, (Bias, Scale)) for m in biased.modules())
+    inputs, target = make_batch(fam, 2)
+    bare.eval(), biased.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(biased(*inputs), bare(*inputs))
+    biased(*inputs).float().square().sum().backward()
+    assert all(m.bias.grad is not None for m in layers)

@@ -9,7 +9,11 @@ Transformer. Its variants:
 - ``fixup``: Fixup, by each block's lean forward (the default);
 - ``fixup-plain``: Fixup written straightforwardly, a new tensor per scalar (``set_lean(model, False)``);
 - ``norm``: the normalised baseline: BatchNorm for the ResNets, LayerNorm (post-norm) for the Transformer;
-- ``fixup-folded``: Fixup folded for inference (:func:`fixup.fold_for_inference`): forward only.
+- ``fixup-folded``: Fixup folded for inference (:func:`fixup.fold_for_inference`): forward only;
+- ``biased``: the bare network with a zero per-output bias in every convolution and linear layer that has
+  none: the floor of any network whose layers have biases. A Fixup scalar's gradient is a reduction over a
+  full activation gradient, as a layer bias's is; this variant prices those reductions alone (opt-in, not in
+  the default variants).
 
 Every variant starts from the Fixup-initialised weights of the same seed (the parameters they share): a
 bare He-initialised ResNet-56 overflows within a few steps, and arithmetic on inf and NaN is not timed
@@ -36,7 +40,7 @@ from .ops import set_lean
 __all__ = ["FAMILIES", "FLOOR", "VARIANTS", "Family", "build_variant", "make_batch"]
 
 FLOOR = "none"
-VARIANTS = ("none", "fixup", "fixup-plain", "norm", "fixup-folded")
+VARIANTS = ("none", "fixup", "fixup-plain", "norm", "fixup-folded", "biased")
 FORWARD_ONLY = ("fixup-folded",)
 # The Transformer's bare form: the Fixup architecture with neither scalar biases nor multipliers.
 BARE_TRANSFORMER = dataclasses.replace(METHODS["fixup"], init="bare", biases=False, scale=False, stream_bias="none",
@@ -69,7 +73,7 @@ SEQUENCE = 32  # tokens per sentence in the Transformer's batches
 
 
 def _method(family: Family, variant: str) -> Method | str:
-    if variant == FLOOR:
+    if variant in (FLOOR, "biased"):
         return family.bare or "he"
     return family.norm if variant == "norm" else "fixup"
 
@@ -100,6 +104,8 @@ def build_variant(family: Family, variant: str, *, seed: int = 0, depth: int | N
             return create_model(family.model, method=method, generator=torch.Generator().manual_seed(seed), **kwargs)
 
     model = make(_method(family, variant))
+    if variant == "biased":
+        _add_zero_biases(model)
     if variant not in ("fixup", "fixup-plain", "fixup-folded"):
         reference = make("fixup").state_dict()
         own = model.state_dict()
@@ -108,6 +114,14 @@ def build_variant(family: Family, variant: str, *, seed: int = 0, depth: int | N
     if variant == "fixup-folded":
         return fold_for_inference(model).model
     return set_lean(model, variant != "fixup-plain")
+
+
+def _add_zero_biases(model: nn.Module) -> None:
+    """Give every bias-free ``nn.Conv2d`` and ``nn.Linear`` of ``model`` a zero bias parameter, in place."""
+    for module in model.modules():
+        if type(module) in (nn.Conv2d, nn.Linear) and module.bias is None:
+            out = module.out_channels if isinstance(module, nn.Conv2d) else module.out_features
+            module.bias = nn.Parameter(module.weight.new_zeros(out))
 
 
 def make_batch(family: Family, batch: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
