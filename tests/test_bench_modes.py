@@ -58,7 +58,7 @@ def test_modes_interleaved_in_one_run_with_per_mode_floors(monkeypatch):
     times = {f"eager/{v}": t for v, t in eager.items()} | {f"bf16/{v}": [x / 2 for x in t] for v, t in eager.items()}
     seen = []
 
-    def fake(runners, method, reps, warmup):
+    def fake(runners, method, reps, warmup, rep_seconds=0.0):
         seen.append(set(runners))
         return {k: times[k] for k in runners}
 

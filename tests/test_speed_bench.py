@@ -74,7 +74,8 @@ def test_ratios_are_medians_of_per_repetition_ratios_to_the_floor(monkeypatch):
     # step takes 1.2, 1.5 and 1.1 times the floor's, whose median is 1.2 (the ratio of the medians would be 1.5).
     times = {"none": [10.0, 20.0, 40.0], "fixup": [12.0, 30.0, 44.0]}
     monkeypatch.setattr(bench, "_interleaved",  # runners are keyed "mode/variant"
-                        lambda runners, method, reps, warmup: {k: times[k.split("/")[1]] for k in runners})
+                        lambda runners, method, reps, warmup, rep_seconds=0.0: {k: times[k.split("/")[1]]
+                                                                                for k in runners})
     config = BenchConfig(families=("cifar",), variants=("none", "fixup"), threads=(1,), batch=2, depth=8, warmup=0,
                          reps=3, memory=False, explain=False)
     rows = {r["variant"]: r for r in benchmark(config)["rows"]}
@@ -150,9 +151,36 @@ def test_biased_variant_is_the_bare_network_with_zero_layer_biases(family):
     layers = [m for m in biased.modules() if type(m) in (torch.nn.Conv2d, torch.nn.Linear)]
     assert layers and all(m.bias is not None and not m.bias.any() for m in layers)
     assert not any(isinstance(m, (Bias, Scale)) for m in biased.modules())
-    inputs, target = make_batch(fam, 2)
+    inputs, _ = make_batch(fam, 2)
     bare.eval(), biased.eval()
     with torch.no_grad():
         torch.testing.assert_close(biased(*inputs), bare(*inputs))
     biased(*inputs).float().square().sum().backward()
     assert all(m.bias.grad is not None for m in layers)
+
+
+def test_a_repetition_repeats_short_calls_the_same_number_of_times_for_every_variant(monkeypatch):
+    import fixup.perf.bench as bench
+
+    class Fake:
+        device = torch.device("cpu")
+
+        def __init__(self, seconds):
+            self.seconds, self.calls = seconds, 0
+
+        def step(self):
+            self.calls += 1
+            clock[0] += self.seconds
+
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    runners = {"eager/none": Fake(0.010), "eager/fixup": Fake(0.012)}
+    times = bench._interleaved(runners, "step", reps=3, warmup=1, rep_seconds=0.1)
+    # the fastest call (10 ms) sets the count: 10 calls a repetition for both, timed per call
+    assert times == {"eager/none": [pytest.approx(10.0)] * 3, "eager/fixup": [pytest.approx(12.0)] * 3}
+    assert [r.calls for r in runners.values()] == [1 + 1 + 30, 1 + 1 + 30]  # warm-up, calibration, 3 x 10
+    once = bench._interleaved(runners, "step", reps=2, warmup=0, rep_seconds=0.0)
+    assert once == {"eager/none": [pytest.approx(10.0)] * 2, "eager/fixup": [pytest.approx(12.0)] * 2}
+    tiny = Fake(1e-5)
+    bench._interleaved({"eager/none": tiny}, "step", reps=1, warmup=0, rep_seconds=1.0)
+    assert tiny.calls == 1 + bench.MAX_CALLS  # calibration, then capped

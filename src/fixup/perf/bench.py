@@ -3,7 +3,8 @@
 ``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and execution
 mode (:data:`MODES`: eager, ``torch.compile``, bfloat16 autocast, both) and, for each thread count, measures
 in one process and interleaved (every repetition times each variant in each mode once, in a rotating order,
-so that load from other processes falls on all of them alike):
+so that load from other processes falls on all of them alike; a repetition repeats a short call until it lasts
+about ``rep_seconds``, the same number of calls for every variant, and records the time per call):
 
 - the training step: forward, cross-entropy, backward and an SGD step (momentum 0.9);
 - the forward pass (``torch.no_grad``, eval mode), which is also where the folded model is timed;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import platform
 import statistics
@@ -85,6 +87,7 @@ class BenchConfig:
     device: str = "cpu"  # cpu, cuda, cuda:N or auto (threads apply to the CPU)
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
+    rep_seconds: float = 0.25  # each repetition repeats a call until about this long (same count for every variant)
     memory: bool = True  # also measure peak memory of one step
     forward: bool = True  # also time the forward pass (eval, no_grad); False: training steps only (half the compiles)
     explain: bool = True  # profile the cells that miss a target and name where the time goes
@@ -104,9 +107,9 @@ class BenchConfig:
                              "train but the floor; add fixup or norm, or keep the forward timing")
         if FLOOR not in self.variants:
             raise ValueError(f"variants must include the floor {FLOOR!r} (ratios are taken to it), got {self.variants}")
-        if self.reps < 1 or self.warmup < 0 or (self.batch is not None and self.batch < 1):
-            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1; got reps={self.reps}, warmup={self.warmup}, "
-                             f"batch={self.batch}")
+        if self.reps < 1 or self.warmup < 0 or (self.batch is not None and self.batch < 1) or self.rep_seconds < 0:
+            raise ValueError(f"need reps >= 1, warmup >= 0, batch >= 1, rep_seconds >= 0; got reps={self.reps}, "
+                             f"warmup={self.warmup}, batch={self.batch}, rep_seconds={self.rep_seconds}")
         if not self.threads or any(t < 1 for t in self.threads):
             raise ValueError(f"threads must be positive thread counts, got {self.threads}")
         if self.image_size is not None and self.image_size < 1:
@@ -158,20 +161,39 @@ class _Runner:
             self.run(*self.inputs)
 
 
-def _interleaved(runners: dict[str, _Runner], method: str, reps: int, warmup: int) -> dict[str, list[float]]:
+MAX_CALLS = 64  # calls per repetition at most (rep_seconds)
+
+
+def _timed(runner: _Runner, method: str, calls: int) -> float:
+    """Milliseconds per call of ``calls`` back-to-back calls."""
+    _sync(runner.device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        getattr(runner, method)()
+    _sync(runner.device)
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def _interleaved(runners: dict[str, _Runner], method: str, reps: int, warmup: int,
+                 rep_seconds: float = 0.0) -> dict[str, list[float]]:
+    """Per runner, ``reps`` times of one call (ms), every runner once per repetition in a rotating order.
+
+    A repetition repeats the call until it lasts about ``rep_seconds`` (at most :data:`MAX_CALLS` calls; the
+    same count for every runner, from one untimed call of the fastest) and records the time per call: a
+    forward pass of 20 ms timed once varies by +-30% with the machine's scheduling, ten in a row far less.
+    """
     names = list(runners)
     for _ in range(warmup):
         for name in names:
             getattr(runners[name], method)()
+    calls = 1
+    if rep_seconds > 0:
+        fastest = min(_timed(runners[name], method, 1) for name in names) / 1e3
+        calls = max(1, min(MAX_CALLS, math.ceil(rep_seconds / max(fastest, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(reps):
         for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each repetition
-            runner = runners[name]
-            _sync(runner.device)
-            start = time.perf_counter()
-            getattr(runner, method)()
-            _sync(runner.device)
-            times[name].append((time.perf_counter() - start) * 1e3)
+            times[name].append(_timed(runners[name], method, calls))
     return times
 
 
@@ -257,11 +279,11 @@ def _measure_family(family: Family, config: BenchConfig, device: torch.device,
     for threads in config.threads:
         torch.set_num_threads(threads)
         progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): training steps")
-        step = _interleaved(trainable, "step", config.reps, warmup)
+        step = _interleaved(trainable, "step", config.reps, warmup, config.rep_seconds)
         fwd: dict[str, list[float]] = {}
         if config.forward:
             progress(f"{family.name} {'+'.join(config.modes)} {threads} thread(s): forward passes")
-            fwd = _interleaved(runners, "forward", config.reps, warmup)
+            fwd = _interleaved(runners, "forward", config.reps, warmup, config.rep_seconds)
         if config.memory and not mem:
             progress(f"{family.name}: peak memory")
             mem = {k: peak_step_memory(r.step, r.model, device) for k, r in trainable.items()}
@@ -328,7 +350,9 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
         "targets": {"step": STEP_TARGET, "memory": MEMORY_TARGET, "folded_forward": FOLD_TARGET},
         "memory_method": MEMORY_METHOD[device.type] if config.memory else None,
         "timing_method": "median and (min, max) over interleaved repetitions (every variant in every mode once "
-                         "per repetition, rotating order) after warm-up; ratio = median of per-repetition ratios "
+                         "per repetition, rotating order; a repetition repeats the call until about rep_seconds, "
+                         "the same count for every variant, and records the time per call) after warm-up; "
+                         "ratio = median of per-repetition ratios "
                          "to the bare network in the same mode timed in the same repetition; fastest = ratio of "
                          "the fastest repetitions; mode_ratio = the same variant's eager float32 step as the base",
         "rows": rows,
@@ -433,6 +457,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untimed calls per variant before timing, at least 1 when compiling (default: %(default)s)")
     p.add_argument("--reps", type=int, default=d.reps, help="timed repetitions per variant, interleaved "
                                                             "(default: %(default)s)")
+    p.add_argument("--rep-seconds", type=float, default=d.rep_seconds,
+                   help="each repetition repeats a call until it lasts about this long, the same count for every "
+                        f"variant, at most {MAX_CALLS} calls; 0: one call (default: %(default)s)")
     p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (default: measure)")
     p.add_argument("--no-forward", action="store_true",
@@ -465,7 +492,8 @@ def run_command(args: argparse.Namespace) -> int:
     config = BenchConfig(families=tuple(args.families), variants=tuple(args.variants), modes=modes,
                          threads=tuple(args.threads), batch=args.batch, depth=args.depth, image_size=args.image_size,
                          width=args.width, device=args.device, warmup=args.warmup, reps=args.reps,
-                         memory=not args.no_memory, forward=not args.no_forward, explain=not args.no_explain,
+                         rep_seconds=args.rep_seconds, memory=not args.no_memory, forward=not args.no_forward,
+                         explain=not args.no_explain,
                          seed=args.seed)
     result = benchmark(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result, markdown=args.markdown))
