@@ -30,7 +30,8 @@ The same function can be computed keeping only what the bare network keeps, by l
 
 These are generic helpers: each residual block owns its lean forward (``lean_forward``) and decides,
 by ``lean_ready()``, whether it applies; nothing here reads a block's attributes. Everything but
-:class:`_AddBorder` is ordinary autograd, and its backward is written in differentiable operations, so
+:class:`_AddBorder` (compiled) and :class:`_ScaledMatmul` (an eager linear layer's multiplier, which keeps ``W``
+rather than ``s * W``) is ordinary autograd, and their backward is written in differentiable operations, so
 double backward, ``torch.compile`` and activation checkpointing work unchanged. tests/test_speed_ops.py
 and tests/test_lean_families.py compare outputs and gradients with the straightforward forward.
 """
