@@ -152,7 +152,8 @@ def test_biased_variant_is_the_bare_network_with_zero_layer_biases(family):
     assert layers and all(m.bias is not None and not m.bias.any() for m in layers)
     assert not any(isinstance(m, (Bias, Scale)) for m in biased.modules())
     inputs, _ = make_batch(fam, 2)
-    bare.eval(), biased.eval()
+    bare.eval()
+    biased.eval()
     with torch.no_grad():
         torch.testing.assert_close(biased(*inputs), bare(*inputs))
     biased(*inputs).float().square().sum().backward()
