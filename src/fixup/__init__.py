@@ -8,6 +8,7 @@
 """
 
 from ._adapt import TRUNK_RULES, AdaptError, AdaptReport, adapt, load_original, trunk_init_
+from ._convert import ConvertError, ConvertReport, ConvertWarning, convert
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .clip import adaptive_clip_grad_
 from .groups import param_groups
@@ -28,6 +29,9 @@ __all__ = [
     "AdaptReport",
     "Bias",
     "Branch",
+    "ConvertError",
+    "ConvertReport",
+    "ConvertWarning",
     "FixupClassifier",
     "FixupReport",
     "FixupWarning",
@@ -40,6 +44,7 @@ __all__ = [
     "adapt",
     "adaptive_clip_grad_",
     "branch_scale",
+    "convert",
     "create_model",
     "enable_checkpointing",
     "fixup_init_",

@@ -1,0 +1,340 @@
+"""``fixup.convert``: a *trained* model without normalisation, computing the same function, ready to fine-tune.
+
+:func:`fixup.adapt` re-initialises what it touches: it serves training from scratch. ``convert`` keeps the trained
+function. It records the model with adapt's machinery (:mod:`fixup._adapt._record`, ``_graph``, ``_rewrite``) and
+returns a copy (same class) in which
+
+* every BatchNorm, with its running statistics (its eval-mode function), is folded exactly into the weight layer
+  before it, or becomes a per-channel :class:`~fixup._convert._layers.ChannelAffine` where none can take it
+  (:mod:`fixup._convert._fold`);
+* LayerNorm/GroupNorm, which normalise each example by its own statistics, become a fitted per-channel affine or
+  Dynamic Tanh where the user chooses one (``per_example_norms``), with the change each causes measured, and
+  are refused otherwise (:mod:`fixup._convert._norms`);
+* each residual branch gets Fixup's scalars at their identity values (a :class:`fixup.Scale` at 1 after its last
+  layer, :class:`fixup.Bias` at 0 before its layers and activations, one before the classifier), or for
+  ``method="skipinit"``/``"rezero"`` a :class:`fixup.Gate` at **1** (not adapt's 0: a gate at 0 would cut the
+  trained branch off), so that :func:`fixup.param_groups` gives them their rates when fine-tuning;
+* nothing is re-initialised, and the outputs are checked against the original's on held-out inputs in eval mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._adapt import ADAPT_METHODS, _in_mode, _inputs
+from .._adapt import _vocab as V
+from .._adapt._graph import analyse
+from .._adapt._modules import FusedNormTail
+from .._adapt._record import _flatten, record
+from .._adapt._rewrite import Rewriter
+from ..branch import Branch, find_branches
+from ..nn import Gate
+from . import _norms
+from ._fold import affine_of, fold_into, plan_batchnorm
+from ._layers import ChannelAffine, DynamicTanh, FusedAffineTail
+from ._norms import PER_EXAMPLE_OPTIONS
+from ._report import (
+    ConvertError,
+    ConvertReport,
+    ConvertWarning,
+    NormFate,
+    SharedNormWarning,
+    StatisticsWarning,
+    TrainModeWarning,
+)
+
+__all__ = ["PER_EXAMPLE_OPTIONS", "ChannelAffine", "ConvertError", "ConvertReport", "ConvertWarning", "DynamicTanh",
+           "FusedAffineTail", "NormFate", "SharedNormWarning", "StatisticsWarning", "TrainModeWarning", "convert"]
+
+TOLERANCE = 1e-5  # an exact conversion's largest output change, x the output's RMS (float32 rounding: ~1e-7/layer)
+
+
+def _set(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+def _aliases(model: nn.Module) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        out.setdefault(id(m), []).append(name)
+    return out
+
+
+def _tied(model: nn.Module) -> set[str]:
+    """Paths of modules one of whose own parameters another module holds too."""
+    owners: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(name)
+    return {n for names in owners.values() if len(set(names)) > 1 for n in names}
+
+
+def _gather(model: nn.Module, batches: list[tuple[Tensor, ...]], targets: dict[str, nn.Module],
+            keep: set[str]) -> tuple[dict[str, int], dict[str, list[Tensor]]]:
+    """Run ``model`` in eval mode on each batch; per target module, its input's dimensions and (for ``keep``) every
+    input it received."""
+    dims: dict[str, int] = {}
+    seen: dict[str, list[Tensor]] = {p: [] for p in keep}
+
+    def hook(path: str) -> Any:
+        def pre(_m: nn.Module, args: tuple[Any, ...]) -> None:
+            if args and isinstance(args[0], Tensor):
+                dims.setdefault(path, args[0].dim())
+                if path in seen:
+                    seen[path].append(args[0].detach().clone())
+        return pre
+
+    handles = [m.register_forward_pre_hook(hook(p)) for p, m in targets.items()]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                _in_mode(model, False, lambda b=batch: model(*b))
+    finally:
+        for h in handles:
+            h.remove()
+    return dims, seen
+
+
+def _held_out(args: tuple[Tensor, ...], seed: int = 1) -> tuple[Tensor, ...]:
+    """Inputs like the example (same shapes and dtypes) drawn afresh: floats with its mean and std, integers
+    (token ids) uniform over its range."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in args:
+        if t.is_floating_point():
+            mean, std = float(t.double().mean()), float(t.double().std()) if t.numel() > 1 else 1.0
+            out.append((torch.randn(t.shape, generator=g, dtype=torch.float64) * (std or 1.0) + mean)
+                       .to(t.dtype).to(t.device))
+        else:
+            lo, hi = int(t.min()), int(t.max())
+            out.append(torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype).to(t.device))
+    return tuple(out)
+
+
+def compare(original: nn.Module, converted: nn.Module, args: tuple[Tensor, ...]) -> tuple[float, float]:
+    """(largest, RMS) absolute difference of the floating outputs in eval mode, each over the original output's
+    RMS (the worst output where there are several)."""
+    with torch.no_grad():
+        a = [t for t in _flatten(_in_mode(original, False, lambda: original(*args))) if t.is_floating_point()]
+        b = [t for t in _flatten(_in_mode(converted, False, lambda: converted(*args))) if t.is_floating_point()]
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        raise ConvertError(f"the converted {type(converted).__name__} returns outputs of other shapes than the "
+                           "original's; please report this model")
+    worst, rms = 0.0, 0.0
+    for x, y in zip(a, b):
+        scale = float(x.double().pow(2).mean().sqrt()) or 1.0
+        d = (y.double() - x.double()).abs()
+        worst = max(worst, float(d.max()) / scale if d.numel() else 0.0)
+        rms = max(rms, float(d.pow(2).mean().sqrt()) / scale if d.numel() else 0.0)
+    return worst, rms
+
+
+def _spec_inputs(args: tuple[Tensor, ...]) -> list[dict[str, Any]]:
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in args]
+
+
+def convert(
+    model: nn.Module,
+    example_input: Tensor | Sequence[Tensor],
+    *,
+    method: str = "fixup",
+    per_example_norms: str = "refuse",
+    calibration: Sequence[Tensor | Sequence[Tensor]] | None = None,
+    held_out: Tensor | Sequence[Tensor] | None = None,
+    tolerance: float = TOLERANCE,
+    leaf_modules: tuple[type[nn.Module], ...] = (),
+    _replay: bool = False,
+) -> tuple[nn.Module, ConvertReport]:
+    """Return a copy of trained ``model`` (same class) without normalisation that computes the same function,
+    with Fixup's scalars (or gates) at their identity values, and the :class:`ConvertReport`.
+
+    Args:
+        model: a trained ``nn.Module``; not modified. Its eval-mode function is kept (BatchNorm's running
+            statistics); a model in train mode is a :class:`TrainModeWarning` (the copy keeps its modes).
+        example_input: a tensor or a tuple of the forward's positional tensors, to record the computation.
+        method: ``"fixup"`` (a Scale at 1 and Biases at 0 per branch), or ``"skipinit"``/``"rezero"`` (a Gate
+            at 1 per branch; no biases).
+        per_example_norms: what becomes of LayerNorm/GroupNorm (and InstanceNorm without running statistics):
+            ``"refuse"`` (default: a :class:`ConvertError` that names them and the options), ``"affine"`` (a
+            per-channel affine fitted on calibration data) or ``"dyt"`` (Dynamic Tanh, alpha fitted). Their
+            change is measured and reported; the model then no longer computes exactly the same function.
+        calibration: batches (each a tensor or tuple of positional tensors) the per-example norms are fitted on;
+            ``None`` fits on ``example_input`` alone. Pass real data: the fit is only as good as it.
+        held_out: inputs for the final check (default: drawn afresh like ``example_input``, another seed).
+        tolerance: an exact conversion (BatchNorm only) whose outputs move by more than this, times the output's
+            RMS, is a :class:`ConvertError` (float32 rounding is about 1e-7 per layer).
+        leaf_modules: module types to record whole, as for :func:`fixup.adapt`.
+
+    Raises:
+        ConvertError: a BatchNorm without running statistics, a per-example norm with ``per_example_norms=
+            "refuse"`` or one no option applies to, a normalisation computed by a function or of an unknown type,
+            an exact conversion whose outputs differ.
+    """
+    if method not in ADAPT_METHODS:
+        raise ValueError(f"method must be one of {ADAPT_METHODS}, got {method!r}")
+    if per_example_norms not in PER_EXAMPLE_OPTIONS:
+        raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_OPTIONS}, got {per_example_norms!r}")
+    args = _inputs(example_input)
+    name = type(model).__name__
+    warned: list[tuple[str, type[ConvertWarning]]] = []
+    if model.training and not _replay:
+        warned.append((f"{name} is in train mode; convert keeps its eval-mode function (BatchNorm's running "
+                       "statistics), not train mode's batch statistics. Call model.eval() first to silence this",
+                       TrainModeWarning))
+    source = copy.deepcopy(model)
+    modes = {m: m.training for m in source.modules()}
+    swapped = V.slow_path_(source)
+    rec = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    modules = dict(source.named_modules())
+    nonlinear_before = rec.nonlinearities(modules)
+    analysis = analyse(rec.graph, modules)
+    aliases, tied = _aliases(source), _tied(source)
+
+    # --- what each normalisation becomes ---
+    refused: list[str] = []
+    for n in rec.graph.nodes:
+        if V.functional_norm(n):
+            refused.append(f"{n.name}: a normalisation computed by a function ({V._name(n)}), which cannot be "
+                           "replaced; use the module form (nn.LayerNorm, nn.BatchNorm2d, ...)")
+    norm_nodes: dict[str, Any] = {}
+    for n in rec.graph.nodes:
+        if V.is_norm(n, modules):
+            norm_nodes.setdefault(str(n.target), n)
+    handled = {id(modules[p]) for p in norm_nodes}
+    for path, mod in modules.items():
+        if id(mod) not in handled and rec.calls.get(path) and "norm" in type(mod).__name__.lower() and \
+                not isinstance(mod, V.NORM_LAYERS):
+            refused.append(f"{path} ({type(mod).__name__}): a normalisation convert does not know; it would stay in "
+                           "the model. Replace it with nn.LayerNorm/nn.GroupNorm or pass it in leaf_modules")
+    batchnorms: dict[str, nn.Module] = {}
+    per_example: dict[str, nn.Module] = {}
+    for path in norm_nodes:
+        mod = modules[path]
+        stats = isinstance(mod, nn.modules.batchnorm._BatchNorm) or \
+            (isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats)
+        if stats:
+            if getattr(mod, "running_mean", None) is None:
+                refused.append(f"{path} ({type(mod).__name__}) has no running statistics (track_running_stats="
+                               "False): even in eval mode it normalises by each batch's statistics, which no fixed "
+                               "layer computes. Estimate them first: set track_running_stats=True, momentum=None, "
+                               "register running_mean/running_var/num_batches_tracked, run your data through it "
+                               "in train mode, then convert")
+                continue
+            batchnorms[path] = mod
+        else:
+            why = _norms.refusal(mod)
+            if why is not None:
+                refused.append(f"{path} ({type(mod).__name__}): {why}")
+            elif per_example_norms == "refuse":
+                refused.append(f"{path} ({type(mod).__name__}) normalises each example by its own statistics, which "
+                               "no fixed layer computes; pass per_example_norms='affine' (a per-channel affine "
+                               "fitted on calibration data) or 'dyt' (Dynamic Tanh), and read the change each "
+                               "causes in the report")
+            else:
+                per_example[path] = mod
+    if refused:
+        raise ConvertError(f"fixup.convert cannot keep the function of {name}:\n  - " + "\n  - ".join(refused))
+
+    # --- record what the norms receive: dimensions (all), inputs (per-example norms, on calibration data) ---
+    batches = [_inputs(b) for b in calibration] if calibration is not None else [args]
+    dims, seen = _gather(source, [args], {p: modules[p] for p in norm_nodes}, set())
+    if per_example and not _replay:
+        _, seen = _gather(source, batches, per_example, set(per_example))
+
+    # --- replace ---
+    probe = Rewriter(source, rec.graph, analysis, rec.calls)  # its _fused_tail reads the recording as it stands
+    fates: list[NormFate] = []
+    stale: list[str] = []
+    for path, n in norm_nodes.items():
+        mod = modules[path]
+        names = aliases[id(mod)]
+        calls = rec.calls.get(path, 0)
+        if len(names) > 1 or calls > 1:
+            warned.append((f"{type(mod).__name__} {path} is called {calls} times" +
+                           (f" and registered as {', '.join(names)}" if len(names) > 1 else "") +
+                           "; it becomes one module that serves every call (its function is kept)", SharedNormWarning))
+        tail = probe._fused_tail(n, path, mod) if n.meta.get("fixup_fused_norm") else None
+        if path in batchnorms:
+            if bool((mod.running_mean == 0).all() and (mod.running_var == 1).all()):
+                stale.append(path)
+            plan = plan_batchnorm(n, modules, rec.calls, names, dims.get(path, 0), tied)
+            if plan.into:
+                fold_into(modules[plan.into], mod)
+                new: nn.Module = nn.Identity() if tail is None else FusedNormTail(tail, type(mod).__name__)
+                fates.append(NormFate(path, type(mod).__name__, "folded", plan.why, plan.into, True, 0.0, calls))
+            else:
+                new = affine_of(mod, tail)
+                fates.append(NormFate(path, type(mod).__name__, "affine", plan.why, "", True, 0.0, calls))
+        else:
+            if _replay:
+                new, change = _norms.placeholder(mod, per_example_norms), float("nan")
+            else:
+                new, change = _norms.fit(mod, per_example_norms, seen[path])
+            what = "a per-channel affine fitted" if per_example_norms == "affine" else "Dynamic Tanh, alpha fitted"
+            fates.append(NormFate(path, type(mod).__name__, per_example_norms, f"{what} on calibration data "
+                                  f"({len(seen.get(path, []))} calls)", "", False, change, calls))
+        for alias in names:
+            _set(source, alias, new)
+    if stale and not _replay:
+        warned.append((f"{len(stale)} BatchNorm(s) ({', '.join(stale[:3])}) hold their initial running statistics "
+                       "(mean 0, variance 1): the model looks untrained, or its statistics were not loaded",
+                       StatisticsWarning))
+
+    # --- the method's scalars at identity ---
+    gated = method != "fixup"
+    rw = Rewriter(source, rec.graph, analysis, rec.calls)
+    declared: dict[str, list[Branch]] = {}
+    for r in analysis.residuals:
+        container, branch = rw.branch(r, gated=gated)
+        declared.setdefault(container, []).append(branch)
+    classifier = rw.classifier(analysis.classifier, bias=not gated)
+    rw.declare(declared, classifier)
+    with torch.no_grad():
+        for m in source.modules():
+            if isinstance(m, Gate):
+                m.scale.fill_(1.0)  # the identity value: the branch passes as trained (adapt's gates start at 0)
+    notes = [*analysis.notes, *rw.notes, *(str(p) for p in analysis.problems)]
+    if analysis.problems:
+        notes.append("the residual sums above get no scalars; every normalisation was still converted")
+    if not analysis.residuals:
+        notes.append(f"no residual sum with a weight layer found in {name}: no scalars added, only normalisation "
+                     "converted")
+    if swapped:
+        notes.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented non-fast-path "
+                     "computation (a subclass of the same module), as the fused fast path reads the norms")
+    for m, mode in modes.items():
+        m.train(mode)
+
+    after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    nonlinear_after = after.nonlinearities(dict(source.named_modules()))
+    if len(nonlinear_after) < len(nonlinear_before):
+        raise ConvertError(f"converting {name} would lose {len(nonlinear_before) - len(nonlinear_after)} of its "
+                           f"{len(nonlinear_before)} non-linearities; it is not returned. Please report this model.")
+    branch_names = [n for n, _ in find_branches(source)]
+    report = ConvertReport(
+        model=name, method=method, per_example_norms=per_example_norms, norms=fates, scalars_added=list(rw.added),
+        branches=branch_names, classifier=[str(n.target) for n in analysis.classifier], tolerance=tolerance,
+        warnings=[w for w, _ in warned], notes=notes,
+        spec={"format": 1, "method": method, "per_example_norms": per_example_norms,
+              "inputs": _spec_inputs(args), "leaf_modules": [t.__qualname__ for t in leaf_modules]})
+    if not _replay:
+        check = _inputs(held_out) if held_out is not None else _held_out(args)
+        report.held_out = ("the given held-out inputs" if held_out is not None else
+                           "fresh inputs like the example (seed 1): " + ", ".join(
+                               "x".join(map(str, t.shape)) + f" {str(t.dtype).removeprefix('torch.')}" for t in check))
+        report.max_change, report.rms_change = compare(model, source, check)
+        if all(f.exact for f in fates) and report.max_change > tolerance:
+            raise ConvertError(f"the converted {name} differs from the original by {report.max_change:.3g} x the "
+                               f"output's RMS on held-out inputs (tolerance {tolerance:g}), though every conversion "
+                               "was exact; it is not returned. Please report this model")
+        for message, category in warned:
+            warnings.warn(message, category, stacklevel=2)
+    return source, report
+

@@ -1,0 +1,118 @@
+"""LayerNorm and GroupNorm: normalisation by each example's own statistics, which no fixed layer computes.
+
+They cannot be folded; ``fixup.convert(..., per_example_norms=...)`` offers two replacements, each fitted on the
+inputs the layer sees on calibration data, and reports the change each causes (before any fine-tuning):
+
+* ``"affine"``: a :class:`ChannelAffine` ``a x + c``, per channel, the least-squares fit of the norm's output on
+  its input over the calibration data (``a = cov(x, y) / var(x)``, ``c = mean(y) - a mean(x)``, per channel);
+* ``"dyt"``: :class:`DynamicTanh` ``gamma * tanh(alpha x) + beta`` with the norm's own ``gamma`` and ``beta`` and
+  the scalar ``alpha`` that minimises the squared error on the calibration data (Zhu et al., CVPR 2025; they
+  train ``alpha`` from 0.5, we start it where it fits the trained layer).
+
+A norm is refused, with the reason, where neither applies: a subclass with its own forward (timm's
+``LayerNorm2d``: which dimension holds its channels is not known), a LayerNorm over more than one dimension.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._adapt._record import is_plain_norm
+from ._layers import ChannelAffine, DynamicTanh
+
+__all__ = ["PER_EXAMPLE_OPTIONS", "fit", "placeholder", "refusal"]
+
+PER_EXAMPLE_OPTIONS = ("refuse", "affine", "dyt")
+_ALPHAS = torch.logspace(-4, 2, 121, dtype=torch.float64)  # the search grid for DyT's alpha, then refined
+
+
+def _channels(mod: nn.Module) -> tuple[int, int]:
+    """(number of channels, their dimension) of a plain LayerNorm (last dim) or GroupNorm/InstanceNorm (dim 1)."""
+    if isinstance(mod, nn.LayerNorm):
+        return int(mod.normalized_shape[0]), -1
+    if isinstance(mod, nn.GroupNorm):
+        return int(mod.num_channels), 1
+    return int(mod.num_features), 1
+
+
+def refusal(mod: nn.Module) -> str | None:
+    """Why neither option applies to ``mod``, or None."""
+    if not is_plain_norm(mod):
+        return (f"{type(mod).__name__} has a forward of its own, so the dimension that holds its channels is not "
+                "known; write it as a plain nn.LayerNorm/nn.GroupNorm (with the permutes outside it)")
+    if isinstance(mod, nn.LayerNorm) and len(mod.normalized_shape) != 1:
+        return (f"it normalises over {len(mod.normalized_shape)} dimensions {list(mod.normalized_shape)}; the "
+                "replacements act per channel of one dimension")
+    return None
+
+
+def _rows(t: Tensor, dim: int) -> Tensor:
+    """``t`` as (samples, channels), channels taken from ``dim``; float64."""
+    return t.double().movedim(dim, -1).reshape(-1, t.shape[dim])
+
+
+def _fit_affine(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Least squares per channel: y ~ a x + c (rows of x, y are samples)."""
+    mx, my = x.mean(0), y.mean(0)
+    var = (x - mx).pow(2).mean(0)
+    cov = ((x - mx) * (y - my)).mean(0)
+    a = torch.where(var > 0, cov / var.clamp_min(1e-300), torch.zeros_like(var))
+    return a, my - a * mx
+
+
+def _fit_alpha(x: Tensor, y: Tensor, gamma: Tensor, beta: Tensor) -> float:
+    """The alpha minimising ||gamma tanh(alpha x) + beta - y||^2: a log grid, then golden-section search."""
+    def loss(alpha: float) -> float:
+        return float((torch.tanh(alpha * x) * gamma + beta - y).pow(2).mean())
+
+    losses = [loss(float(a)) for a in _ALPHAS]
+    i = min(range(len(losses)), key=losses.__getitem__)
+    lo, hi = math.log(float(_ALPHAS[max(i - 1, 0)])), math.log(float(_ALPHAS[min(i + 1, len(_ALPHAS) - 1)]))
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if loss(math.exp(a)) < loss(math.exp(b)):
+            hi = b
+        else:
+            lo = a
+    return math.exp((lo + hi) / 2)
+
+
+@torch.no_grad()
+def fit(mod: nn.Module, option: str, inputs: list[Tensor]) -> tuple[nn.Module, float]:
+    """The replacement of per-example norm ``mod`` by ``option`` fitted on ``inputs`` (what the norm received),
+    and its change: RMS(new - old) / RMS(old) on those inputs."""
+    channels, dim = _channels(mod)
+    ref = next((p for p in mod.parameters()), None)
+    placement = {"device": inputs[0].device, "dtype": ref.dtype if ref is not None else inputs[0].dtype}
+    x = torch.cat([_rows(t, dim) for t in inputs])
+    y = torch.cat([_rows(mod(t), dim) for t in inputs])
+    new: nn.Module
+    if option == "affine":
+        a, c = _fit_affine(x, y)
+        new = ChannelAffine(channels, dim)
+        new.weight.copy_(a)
+        new.bias.copy_(c)
+    elif option == "dyt":
+        gamma = mod.weight.double() if getattr(mod, "weight", None) is not None else torch.ones(channels).double()
+        beta = mod.bias.double() if getattr(mod, "bias", None) is not None else torch.zeros(channels).double()
+        new = DynamicTanh(channels, dim, _fit_alpha(x, y, gamma, beta))
+        new.weight.copy_(gamma)
+        new.bias.copy_(beta)
+    else:
+        raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_OPTIONS}, got {option!r}")
+    new = new.to(**placement)
+    out = torch.cat([_rows(new(t), dim) for t in inputs])
+    change = float((out - y).pow(2).mean().sqrt() / y.pow(2).mean().sqrt().clamp_min(1e-300))
+    return new, change
+
+
+def placeholder(mod: nn.Module, option: str) -> nn.Module:
+    """The replacement's structure without a fit (its values come from a saved state_dict)."""
+    channels, dim = _channels(mod)
+    ref = next((p for p in mod.parameters()), None)
+    new = ChannelAffine(channels, dim) if option == "affine" else DynamicTanh(channels, dim)
+    return new if ref is None else new.to(device=ref.device, dtype=ref.dtype)
