@@ -31,7 +31,7 @@ from .._adapt import ADAPT_METHODS, _in_mode, _inputs
 from .._adapt import _vocab as V
 from .._adapt._graph import analyse
 from .._adapt._modules import FusedNormTail
-from .._adapt._record import _flatten, record
+from .._adapt._record import FUSED, _flatten, record
 from .._adapt._rewrite import Rewriter
 from ..branch import Branch, find_branches
 from ..nn import Gate
@@ -209,13 +209,15 @@ def convert(
             norm_nodes.setdefault(str(n.target), n)
     handled = {id(modules[p]) for p in norm_nodes}
     for path, mod in modules.items():
-        if id(mod) not in handled and rec.calls.get(path) and "norm" in type(mod).__name__.lower() and \
-                not isinstance(mod, V.NORM_LAYERS):
+        if rec.calls.get(path) and "norm" in type(mod).__name__.lower() and \
+                not any(id(m) in handled for m in mod.modules()):
             refused.append(f"{path} ({type(mod).__name__}): a normalisation convert does not know; it would stay in "
                            "the model. Replace it with nn.LayerNorm/nn.GroupNorm or pass it in leaf_modules")
     batchnorms: dict[str, nn.Module] = {}
-    per_example: dict[str, nn.Module] = {}
-    for path in norm_nodes:
+    per_example: dict[str, tuple[int, int]] = {}  # path -> (channels, their dimension)
+    probe = Rewriter(source, rec.graph, analysis, rec.calls)  # its _fused_tail reads the recording as it stands
+    tails = {p: probe._fused_tail(n, p, modules[p]) if n.meta.get(FUSED) else None for p, n in norm_nodes.items()}
+    for path, n in norm_nodes.items():
         mod = modules[path]
         stats = isinstance(mod, nn.modules.batchnorm._BatchNorm) or \
             (isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats)
@@ -229,16 +231,16 @@ def convert(
                 continue
             batchnorms[path] = mod
         else:
-            why = _norms.refusal(mod)
-            if why is not None:
-                refused.append(f"{path} ({type(mod).__name__}): {why}")
+            shape = _norms.layout(mod, n, path, tails[path])
+            if isinstance(shape, str):
+                refused.append(f"{path} ({type(mod).__name__}): {shape}")
             elif per_example_norms == "refuse":
                 refused.append(f"{path} ({type(mod).__name__}) normalises each example by its own statistics, which "
                                "no fixed layer computes; pass per_example_norms='affine' (a per-channel affine "
                                "fitted on calibration data) or 'dyt' (Dynamic Tanh), and read the change each "
                                "causes in the report")
             else:
-                per_example[path] = mod
+                per_example[path] = shape
     if refused:
         raise ConvertError(f"fixup.convert cannot keep the function of {name}:\n  - " + "\n  - ".join(refused))
 
@@ -246,10 +248,9 @@ def convert(
     batches = [_inputs(b) for b in calibration] if calibration is not None else [args]
     dims, seen = _gather(source, [args], {p: modules[p] for p in norm_nodes}, set())
     if per_example and not _replay:
-        _, seen = _gather(source, batches, per_example, set(per_example))
+        _, seen = _gather(source, batches, {p: modules[p] for p in per_example}, set(per_example))
 
     # --- replace ---
-    probe = Rewriter(source, rec.graph, analysis, rec.calls)  # its _fused_tail reads the recording as it stands
     fates: list[NormFate] = []
     stale: list[str] = []
     for path, n in norm_nodes.items():
@@ -260,7 +261,7 @@ def convert(
             warned.append((f"{type(mod).__name__} {path} is called {calls} times" +
                            (f" and registered as {', '.join(names)}" if len(names) > 1 else "") +
                            "; it becomes one module that serves every call (its function is kept)", SharedNormWarning))
-        tail = probe._fused_tail(n, path, mod) if n.meta.get("fixup_fused_norm") else None
+        tail = tails[path]
         if path in batchnorms:
             if bool((mod.running_mean == 0).all() and (mod.running_var == 1).all()):
                 stale.append(path)
@@ -274,9 +275,9 @@ def convert(
                 fates.append(NormFate(path, type(mod).__name__, "affine", plan.why, "", True, 0.0, calls))
         else:
             if _replay:
-                new, change = _norms.placeholder(mod, per_example_norms), float("nan")
+                new, change = _norms.placeholder(mod, per_example_norms, *per_example[path]), float("nan")
             else:
-                new, change = _norms.fit(mod, per_example_norms, seen[path])
+                new, change = _norms.fit(mod, per_example_norms, seen[path], *per_example[path])
             what = "a per-channel affine fitted" if per_example_norms == "affine" else "Dynamic Tanh, alpha fitted"
             fates.append(NormFate(path, type(mod).__name__, per_example_norms, f"{what} on calibration data "
                                   f"({len(seen.get(path, []))} calls)", "", False, change, calls))

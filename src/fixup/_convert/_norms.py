@@ -9,44 +9,60 @@ inputs the layer sees on calibration data, and reports the change each causes (b
   the scalar ``alpha`` that minimises the squared error on the calibration data (Zhu et al., CVPR 2025; they
   train ``alpha`` from 0.5, we start it where it fits the trained layer).
 
-A norm is refused, with the reason, where neither applies: a subclass with its own forward (timm's
-``LayerNorm2d``: which dimension holds its channels is not known), a LayerNorm over more than one dimension.
+A norm is refused, with the reason, where neither applies: a LayerNorm over more than one dimension, a subclass
+whose own forward does more than permute its input before the normalisation (and back after it).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 
+from .._adapt import _vocab as V
 from .._adapt._record import is_plain_norm
 from ._layers import ChannelAffine, DynamicTanh
 
-__all__ = ["PER_EXAMPLE_OPTIONS", "fit", "placeholder", "refusal"]
+__all__ = ["PER_EXAMPLE_OPTIONS", "fit", "layout", "placeholder"]
 
 PER_EXAMPLE_OPTIONS = ("refuse", "affine", "dyt")
 _ALPHAS = torch.logspace(-4, 2, 121, dtype=torch.float64)  # the search grid for DyT's alpha, then refined
 
 
-def _channels(mod: nn.Module) -> tuple[int, int]:
-    """(number of channels, their dimension) of a plain LayerNorm (last dim) or GroupNorm/InstanceNorm (dim 1)."""
-    if isinstance(mod, nn.LayerNorm):
-        return int(mod.normalized_shape[0]), -1
-    if isinstance(mod, nn.GroupNorm):
-        return int(mod.num_channels), 1
-    return int(mod.num_features), 1
+def _permuted_dim(node: fx.Node, path: str) -> int | None:
+    """For the functional norm call recorded for fused module ``path``: the dimension of the module's input that the
+    call normalises last, when the module hands it its input as is (-1) or through one ``permute``; else None."""
+    arg = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if arg is None:
+        return None
+    if path not in (arg.meta.get("nn_module_stack") or {}):
+        return -1
+    src = arg.args[0] if arg.args and isinstance(arg.args[0], fx.Node) else None
+    if V._name(arg) != "permute" or src is None or path in (src.meta.get("nn_module_stack") or {}):
+        return None
+    dims = arg.args[1] if len(arg.args) == 2 and isinstance(arg.args[1], (list, tuple)) else arg.args[1:]
+    return int(dims[-1]) if dims and all(isinstance(d, int) for d in dims) else None
 
 
-def refusal(mod: nn.Module) -> str | None:
-    """Why neither option applies to ``mod``, or None."""
-    if not is_plain_norm(mod):
-        return (f"{type(mod).__name__} has a forward of its own, so the dimension that holds its channels is not "
-                "known; write it as a plain nn.LayerNorm/nn.GroupNorm (with the permutes outside it)")
+def layout(mod: nn.Module, node: fx.Node, path: str, tail: list[Any] | None) -> tuple[int, int] | str:
+    """(channels, the dimension of the module's input that holds them) of per-example norm ``mod`` called at
+    ``node``, or why neither replacement applies. A LayerNorm normalises its last dimension: a subclass with a
+    forward of its own (timm's LayerNorm2d, transformers' ConvNextLayerNorm) is understood where it permutes its
+    input once before the normalisation and applies nothing after it but the inverse permute."""
     if isinstance(mod, nn.LayerNorm) and len(mod.normalized_shape) != 1:
         return (f"it normalises over {len(mod.normalized_shape)} dimensions {list(mod.normalized_shape)}; the "
                 "replacements act per channel of one dimension")
-    return None
+    if is_plain_norm(mod):
+        if isinstance(mod, nn.LayerNorm):
+            return int(mod.normalized_shape[0]), -1
+        return int(mod.num_channels if isinstance(mod, nn.GroupNorm) else mod.num_features), 1
+    dim = _permuted_dim(node, path) if isinstance(mod, nn.LayerNorm) and not tail else None
+    if dim is None:
+        return (f"{type(mod).__name__} has a forward of its own that convert cannot read (which dimension holds its "
+                "channels, what follows the normalisation); write it as a plain nn.LayerNorm/nn.GroupNorm")
+    return int(mod.normalized_shape[0]), dim
 
 
 def _rows(t: Tensor, dim: int) -> Tensor:
@@ -82,10 +98,9 @@ def _fit_alpha(x: Tensor, y: Tensor, gamma: Tensor, beta: Tensor) -> float:
 
 
 @torch.no_grad()
-def fit(mod: nn.Module, option: str, inputs: list[Tensor]) -> tuple[nn.Module, float]:
-    """The replacement of per-example norm ``mod`` by ``option`` fitted on ``inputs`` (what the norm received),
-    and its change: RMS(new - old) / RMS(old) on those inputs."""
-    channels, dim = _channels(mod)
+def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: int) -> tuple[nn.Module, float]:
+    """The replacement of per-example norm ``mod`` (``channels`` along ``dim`` of its input) by ``option`` fitted
+    on ``inputs`` (what the norm received), and its change: RMS(new - old) / RMS(old) on those inputs."""
     ref = next((p for p in mod.parameters()), None)
     placement = {"device": inputs[0].device, "dtype": ref.dtype if ref is not None else inputs[0].dtype}
     x = torch.cat([_rows(t, dim) for t in inputs])
@@ -110,9 +125,8 @@ def fit(mod: nn.Module, option: str, inputs: list[Tensor]) -> tuple[nn.Module, f
     return new, change
 
 
-def placeholder(mod: nn.Module, option: str) -> nn.Module:
+def placeholder(mod: nn.Module, option: str, channels: int, dim: int) -> nn.Module:
     """The replacement's structure without a fit (its values come from a saved state_dict)."""
-    channels, dim = _channels(mod)
     ref = next((p for p in mod.parameters()), None)
     new = ChannelAffine(channels, dim) if option == "affine" else DynamicTanh(channels, dim)
     return new if ref is None else new.to(device=ref.device, dtype=ref.dtype)
