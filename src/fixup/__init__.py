@@ -8,7 +8,17 @@
 """
 
 from ._adapt import TRUNK_RULES, AdaptError, AdaptReport, adapt, load_original, trunk_init_
-from ._convert import ConvertError, ConvertReport, ConvertWarning, convert
+from ._convert import (
+    ConvertError,
+    ConvertReport,
+    ConvertWarning,
+    SharedNormWarning,
+    StatisticsWarning,
+    TrainModeWarning,
+    convert,
+    load_converted,
+    save_converted,
+)
 from .branch import Branch, FixupClassifier, ResidualBlock, WeightSlice
 from .clip import adaptive_clip_grad_
 from .groups import param_groups
@@ -40,6 +50,9 @@ __all__ = [
     "Method",
     "ResidualBlock",
     "Scale",
+    "SharedNormWarning",
+    "StatisticsWarning",
+    "TrainModeWarning",
     "WeightSlice",
     "adapt",
     "adaptive_clip_grad_",
@@ -50,10 +63,12 @@ __all__ = [
     "fixup_init_",
     "fold_for_inference",
     "list_models",
+    "load_converted",
     "load_original",
     "param_groups",
     "register_model",
     "residual_add",
     "resolve_method",
+    "save_converted",
     "trunk_init_",
 ]

@@ -48,9 +48,11 @@ from ._report import (
     StatisticsWarning,
     TrainModeWarning,
 )
+from ._save import load_converted, save_converted
 
 __all__ = ["PER_EXAMPLE_OPTIONS", "ChannelAffine", "ConvertError", "ConvertReport", "ConvertWarning", "DynamicTanh",
-           "FusedAffineTail", "NormFate", "SharedNormWarning", "StatisticsWarning", "TrainModeWarning", "convert"]
+           "FusedAffineTail", "NormFate", "SharedNormWarning", "StatisticsWarning", "TrainModeWarning", "convert",
+           "load_converted", "save_converted"]
 
 TOLERANCE = 1e-5  # an exact conversion's largest output change, x the output's RMS (float32 rounding: ~1e-7/layer)
 
