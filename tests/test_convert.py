@@ -293,3 +293,38 @@ def test_saved_models_load_with_weights_only(tmp_path, one_thread: None) -> None
     y = torch.randn(3, 6, 16)
     with torch.no_grad():
         assert torch.equal(model(y), loaded.eval()(y))
+
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+def trained():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    with torch.no_grad():
+        model[1].running_var.uniform_(0.5, 2.0)
+        model[1].num_batches_tracked += 1
+    return model.eval(), torch.randn(2, 3, 4, 4)
+
+
+def layernorm():
+    return nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)).eval()
+'''
+
+
+def test_command_line_converts_saves_and_refuses_without_a_traceback(tmp_path, capsys, one_thread: None) -> None:
+    from fixup.cli import main
+
+    (tmp_path / "factories.py").write_text(FACTORY)
+    out, report = tmp_path / "converted.pt", tmp_path / "report.json"
+    assert main(["convert", f"{tmp_path / 'factories.py'}:trained", "--out", str(out), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 BatchNorm2d -> folded" in printed and "exact" in printed
+    import json
+    assert json.loads(report.read_text())["report"]["norms"][0]["into"] == "0"
+    assert torch.load(out, weights_only=True)["spec"]["method"] == "fixup"
+    assert main(["convert", f"{tmp_path / 'factories.py'}:layernorm", "--input-shape", "2,8"]) == 2
+    err = capsys.readouterr().err
+    assert "per_example_norms='affine'" in err and "Traceback" not in err
