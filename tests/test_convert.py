@@ -328,3 +328,23 @@ def test_command_line_converts_saves_and_refuses_without_a_traceback(tmp_path, c
     assert main(["convert", f"{tmp_path / 'factories.py'}:layernorm", "--input-shape", "2,8"]) == 2
     err = capsys.readouterr().err
     assert "per_example_norms='affine'" in err and "Traceback" not in err
+
+
+def test_opacus_computes_per_example_gradients_of_every_parameter(one_thread: None) -> None:
+    """The point of converting for private training: Opacus refuses the original (BatchNorm) and takes the
+    converted model, with a per-example gradient for every parameter (affines and Fixup's scalars included)."""
+    try:
+        from opacus import GradSampleModule
+        from opacus.validators import ModuleValidator
+    except ImportError as err:  # not installed, or torchvision (which it imports) fails to
+        pytest.skip(f"opacus does not import here ({err})")
+    original = _trained_statistics_(PreAct()).eval()
+    assert ModuleValidator.validate(original.train(), strict=False)  # BatchNorm: refused
+    model, _ = convert(original.eval(), torch.randn(2, 3, 16, 16))
+    model.train()
+    assert ModuleValidator.validate(model, strict=False) == []
+    x = torch.randn(4, 3, 16, 16)
+    GradSampleModule(model)(x).pow(2).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad_sample is not None, name
+        assert torch.allclose(p.grad_sample.sum(0) / 4, p.grad, rtol=1e-4, atol=1e-6), name  # mean reduction
