@@ -67,7 +67,7 @@ def _like(example: tuple[torch.Tensor, ...], n: int, seed: int) -> tuple[torch.T
                  else torch.randint(1, 100, (n, *t.shape[1:]), generator=g) for t in example)
 
 
-def function_rows() -> list[dict[str, object]]:
+def function_rows(sequential: bool = True) -> list[dict[str, object]]:
     rows = []
     for name, entry in ZOO.items():
         if entry.needs == "timm":
@@ -87,7 +87,7 @@ def function_rows() -> list[dict[str, object]]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", fixup.FixupWarning)
                     _, report = fixup.convert(model, example, per_example_norms=option, calibration=calibration,
-                                              held_out=held_out)
+                                              held_out=held_out, sequential=sequential)
             except fixup.ConvertError as err:
                 row[option] = {"refused": str(err).splitlines()[1].strip("- ")[:100]}
                 continue
@@ -164,7 +164,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, batch:
 
 
 def trained_rows(models: list[str], seeds: list[int], steps: int, ft_steps: int, lrs: list[float],
-                 mults: list[float]) -> list[dict[str, object]]:
+                 mults: list[float], sequential: bool = True) -> list[dict[str, object]]:
     xtr, ytr, xte, yte = digits()
     rows = []
     for name in models:
@@ -179,7 +179,7 @@ def trained_rows(models: list[str], seeds: list[int], steps: int, ft_steps: int,
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", fixup.FixupWarning)
                     converted, report = fixup.convert(model, xtr[:2], per_example_norms=option,
-                                                      calibration=calibration, held_out=xte)
+                                                      calibration=calibration, held_out=xte, sequential=sequential)
                 row = {"model": name, "seed": seed, "option": option, "acc_trained": base,
                        "acc_converted": accuracy(converted, xte, yte), "max_change": report.max_change,
                        "rms_change": report.rms_change, "finetune": []}
@@ -242,16 +242,20 @@ def main() -> None:
     p.add_argument("--finetune-steps", type=int, default=150, help="trained: fine-tuning steps at batch 4")
     p.add_argument("--lrs", nargs="+", type=float, default=[0.001, 0.01], help="trained: fine-tuning rates")
     p.add_argument("--scalar-lr-mults", nargs="+", type=float, default=[0.1, 1.0], help="trained: scalar rate mults")
+    p.add_argument("--layerwise", action="store_true",
+                   help="fit each LayerNorm replacement on the original model's inputs (fixup.convert(sequential="
+                        "False)) instead of on the model converted so far")
     p.add_argument("--json", default=None, help="write the settings, the rows and the tables as JSON")
     args = p.parse_args()
     torch.set_num_threads(1)
     out: dict[str, object] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.only in (None, "function"):
-        rows = function_rows()
+        rows = function_rows(not args.layerwise)
         out["function"], out["function_table"] = rows, function_table(rows)
         print(out["function_table"])
     if args.only in (None, "trained"):
-        rows = trained_rows(args.models, args.seeds, args.steps, args.finetune_steps, args.lrs, args.scalar_lr_mults)
+        rows = trained_rows(args.models, args.seeds, args.steps, args.finetune_steps, args.lrs, args.scalar_lr_mults,
+                            not args.layerwise)
         out["trained"], out["trained_table"] = rows, trained_table(rows)
         print(out["trained_table"])
     if args.json:

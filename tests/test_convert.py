@@ -215,6 +215,12 @@ def test_refusals_name_the_layer_and_the_fix(one_thread: None) -> None:
 
     with pytest.raises(ConvertError, match="computed by a function"):
         convert(Functional().eval(), torch.randn(2, 8))
+    class Normalize(nn.Module):  # an input transform, not a normalisation layer: left alone
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x - 0.5) / 0.25
+
+    model, _ = convert(nn.Sequential(Normalize(), nn.Linear(8, 8)).eval(), torch.randn(2, 8))
+    assert isinstance(model[0], Normalize)
     rms = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))
     with pytest.raises(ConvertError, match=r"RMSNorm.*does not know"):
         convert(rms.eval(), torch.randn(2, 8))

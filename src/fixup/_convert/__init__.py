@@ -20,6 +20,7 @@ returns a copy (same class) in which
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +55,8 @@ __all__ = ["PER_EXAMPLE_OPTIONS", "ChannelAffine", "ConvertError", "ConvertRepor
            "FusedAffineTail", "NormFate", "SharedNormWarning", "StatisticsWarning", "TrainModeWarning", "convert",
            "load_converted", "save_converted"]
 
+# A normalisation module by its class name (RMSNorm, T5LayerNorm, FrozenBatchNorm2d), not Normalize or ConvNormAct.
+_NORM_NAME = re.compile(r"Norm(\d[dD])?$")
 TOLERANCE = 1e-5  # an exact conversion's largest output change, x the output's RMS (float32 rounding: ~1e-7/layer)
 
 
@@ -79,21 +82,29 @@ def _tied(model: nn.Module) -> set[str]:
 
 
 def _gather(model: nn.Module, batches: list[tuple[Tensor, ...]], targets: dict[str, nn.Module],
-            keep: set[str]) -> tuple[dict[str, int], dict[str, list[Tensor]]]:
+            keep: set[str]) -> tuple[dict[str, int], dict[str, list[Tensor]], dict[str, list[Tensor]]]:
     """Run ``model`` in eval mode on each batch; per target module, its input's dimensions and (for ``keep``) every
-    input it received."""
+    input it received and every output it gave, call by call."""
     dims: dict[str, int] = {}
     seen: dict[str, list[Tensor]] = {p: [] for p in keep}
+    gave: dict[str, list[Tensor]] = {p: [] for p in keep}
 
-    def hook(path: str) -> Any:
-        def pre(_m: nn.Module, args: tuple[Any, ...]) -> None:
+    def pre(path: str) -> Any:
+        def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
             if args and isinstance(args[0], Tensor):
                 dims.setdefault(path, args[0].dim())
                 if path in seen:
                     seen[path].append(args[0].detach().clone())
-        return pre
+        return hook
 
-    handles = [m.register_forward_pre_hook(hook(p)) for p, m in targets.items()]
+    def post(path: str) -> Any:
+        def hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> None:
+            if isinstance(out, Tensor):
+                gave[path].append(out.detach().clone())
+        return hook
+
+    handles = [m.register_forward_pre_hook(pre(p)) for p, m in targets.items()]
+    handles += [targets[p].register_forward_hook(post(p)) for p in keep]
     try:
         with torch.no_grad():
             for batch in batches:
@@ -101,7 +112,7 @@ def _gather(model: nn.Module, batches: list[tuple[Tensor, ...]], targets: dict[s
     finally:
         for h in handles:
             h.remove()
-    return dims, seen
+    return dims, seen, gave
 
 
 def _held_out(args: tuple[Tensor, ...], seed: int = 1) -> tuple[Tensor, ...]:
@@ -150,6 +161,7 @@ def convert(
     per_example_norms: str = "refuse",
     calibration: Sequence[Tensor | Sequence[Tensor]] | None = None,
     held_out: Tensor | Sequence[Tensor] | None = None,
+    sequential: bool = True,
     tolerance: float = TOLERANCE,
     leaf_modules: tuple[type[nn.Module], ...] = (),
     _replay: bool = False,
@@ -169,6 +181,9 @@ def convert(
             change is measured and reported; the model then no longer computes exactly the same function.
         calibration: batches (each a tensor or tuple of positional tensors) the per-example norms are fitted on;
             ``None`` fits on ``example_input`` alone. Pass real data: the fit is only as good as it.
+        sequential: fit each per-example norm, in execution order, on what it receives in the model converted so
+            far, to the original norm's outputs, so that it makes up for the change of the norms before it;
+            ``False``: each on the original model's inputs, alone.
         held_out: inputs for the final check (default: drawn afresh like ``example_input``, another seed).
         tolerance: an exact conversion (BatchNorm only) whose outputs move by more than this, times the output's
             RMS, is a :class:`ConvertError` (float32 rounding is about 1e-7 per layer).
@@ -211,7 +226,7 @@ def convert(
             norm_nodes.setdefault(str(n.target), n)
     handled = {id(modules[p]) for p in norm_nodes}
     for path, mod in modules.items():
-        if rec.calls.get(path) and "norm" in type(mod).__name__.lower() and \
+        if rec.calls.get(path) and _NORM_NAME.search(type(mod).__name__) and \
                 not any(id(m) in handled for m in mod.modules()):
             refused.append(f"{path} ({type(mod).__name__}): a normalisation convert does not know; it would stay in "
                            "the model. Replace it with nn.LayerNorm/nn.GroupNorm or pass it in leaf_modules")
@@ -248,9 +263,11 @@ def convert(
 
     # --- record what the norms receive: dimensions (all), inputs (per-example norms, on calibration data) ---
     batches = [_inputs(b) for b in calibration] if calibration is not None else [args]
-    dims, seen = _gather(source, [args], {p: modules[p] for p in norm_nodes}, set())
+    dims, _, _ = _gather(source, [args], {p: modules[p] for p in norm_nodes}, set())
+    seen: dict[str, list[Tensor]] = {}
+    wanted: dict[str, list[Tensor]] = {}  # the original norms' outputs: what each replacement is fitted to
     if per_example and not _replay:
-        _, seen = _gather(source, batches, {p: modules[p] for p in per_example}, set(per_example))
+        _, seen, wanted = _gather(source, batches, {p: modules[p] for p in per_example}, set(per_example))
 
     # --- replace ---
     fates: list[NormFate] = []
@@ -279,10 +296,13 @@ def convert(
             if _replay:
                 new, change = _norms.placeholder(mod, per_example_norms, *per_example[path]), float("nan")
             else:
-                new, change = _norms.fit(mod, per_example_norms, seen[path], *per_example[path])
+                if sequential:  # what it receives now that the norms before it are replaced
+                    seen[path] = _gather(source, batches, {path: mod}, {path})[1][path]
+                new, change = _norms.fit(mod, per_example_norms, seen[path], *per_example[path], wanted[path])
             what = "a per-channel affine fitted" if per_example_norms == "affine" else "Dynamic Tanh, alpha fitted"
+            on = "the inputs of the model converted so far" if sequential else "the original model's inputs"
             fates.append(NormFate(path, type(mod).__name__, per_example_norms, f"{what} on calibration data "
-                                  f"({len(seen.get(path, []))} calls)", "", False, change, calls))
+                                  f"({len(seen.get(path, []))} calls; {on})", "", False, change, calls))
         for alias in names:
             _set(source, alias, new)
     if stale and not _replay:

@@ -98,13 +98,15 @@ def _fit_alpha(x: Tensor, y: Tensor, gamma: Tensor, beta: Tensor) -> float:
 
 
 @torch.no_grad()
-def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: int) -> tuple[nn.Module, float]:
+def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: int,
+        targets: list[Tensor] | None = None) -> tuple[nn.Module, float]:
     """The replacement of per-example norm ``mod`` (``channels`` along ``dim`` of its input) by ``option`` fitted
-    on ``inputs`` (what the norm received), and its change: RMS(new - old) / RMS(old) on those inputs."""
+    on ``inputs`` to ``targets`` (default: ``mod``'s outputs on them), call by call, and its change:
+    RMS(new - target) / RMS(target)."""
     ref = next((p for p in mod.parameters()), None)
     placement = {"device": inputs[0].device, "dtype": ref.dtype if ref is not None else inputs[0].dtype}
     x = torch.cat([_rows(t, dim) for t in inputs])
-    y = torch.cat([_rows(mod(t), dim) for t in inputs])
+    y = torch.cat([_rows(t, dim) for t in (targets if targets is not None else [mod(t) for t in inputs])])
     new: nn.Module
     if option == "affine":
         a, c = _fit_affine(x, y)
