@@ -354,3 +354,43 @@ def test_opacus_computes_per_example_gradients_of_every_parameter(one_thread: No
     for name, p in model.named_parameters():
         assert p.grad_sample is not None, name
         assert torch.allclose(p.grad_sample.sum(0) / 4, p.grad, rtol=1e-4, atol=1e-6), name  # mean reduction
+
+
+class GroupNormNet(nn.Module):
+    """GroupNorm on a residual branch (channels on dim 1), and an InstanceNorm with running statistics (exact)."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.inorm = nn.InstanceNorm2d(c, affine=True, track_running_stats=True)
+        self.conv1, self.gn = nn.Conv2d(c, c, 3, padding=1), nn.GroupNorm(2, c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.fc = nn.Linear(c, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inorm(self.stem(x))
+        x = x + self.conv2(F.relu(self.gn(self.conv1(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_groupnorm_options_act_on_channels_and_instancenorm_with_statistics_is_exact(one_thread: None) -> None:
+    original = GroupNormNet()
+    with torch.no_grad():
+        original.inorm.running_mean.normal_(0, 0.3)
+        original.inorm.running_var.uniform_(0.5, 2.0)
+        original.gn.weight.uniform_(0.5, 1.5)
+    original.eval()
+    x = torch.randn(4, 3, 8, 8)
+    for option, cls in (("affine", ChannelAffine), ("dyt", DynamicTanh)):
+        model, report = _quiet(convert, original, x, per_example_norms=option)
+        fates = {f.name: f for f in report.norms}
+        assert fates["inorm"].fate == "folded" and fates["inorm"].exact
+        assert fates["gn"].fate == option and 0 < fates["gn"].change < 1
+        assert isinstance(model.gn, cls) and model.gn.dim == 1 and model.gn.weight.shape == (8,)
+        if option == "dyt":
+            assert torch.equal(model.gn.weight, original.gn.weight)  # the norm's own gamma and beta
+    # With the GroupNorm's change taken out (its replacement undone), the rest is exact.
+    model, _ = _quiet(convert, original, x, per_example_norms="affine")
+    model.gn = original.gn
+    with torch.no_grad():
+        assert _relative(original(x), model(x)) <= 1e-5
