@@ -394,3 +394,22 @@ def test_groupnorm_options_act_on_channels_and_instancenorm_with_statistics_is_e
     model.gn = original.gn
     with torch.no_grad():
         assert _relative(original(x), model(x)) <= 1e-5
+
+
+def test_frozen_batchnorm_becomes_its_frozen_affine(one_thread: None) -> None:
+    try:
+        from torchvision.ops.misc import FrozenBatchNorm2d
+    except Exception as err:  # not installed, or failing to import
+        pytest.skip(f"torchvision does not import here ({err})")
+    model = ResNet(BasicBlock, [1, 1, 1, 1], width=8)
+    frozen = FrozenBatchNorm2d(8)
+    frozen.load_state_dict(_trained_statistics_(nn.Sequential(nn.BatchNorm2d(8)))[0].state_dict(), strict=False)
+    model.bn1 = frozen
+    model = _trained_statistics_(model).eval()
+    converted, report = convert(model, torch.randn(2, 3, 32, 32))
+    fate = next(f for f in report.norms if f.name == "bn1")
+    assert fate.fate == "affine" and fate.exact and "frozen" in fate.why
+    assert isinstance(converted.bn1, ChannelAffine) and not converted.bn1.weight.requires_grad
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert _relative(model(x), converted(x)) <= 1e-5

@@ -37,7 +37,7 @@ from .._adapt._rewrite import Rewriter
 from ..branch import Branch, find_branches
 from ..nn import Gate
 from . import _norms
-from ._fold import affine_of, fold_into, plan_batchnorm
+from ._fold import affine_of, fold_into, frozen_affine, is_frozen_batchnorm, plan_batchnorm
 from ._layers import ChannelAffine, DynamicTanh, FusedAffineTail
 from ._norms import PER_EXAMPLE_OPTIONS
 from ._report import (
@@ -225,8 +225,9 @@ def convert(
         if V.is_norm(n, modules):
             norm_nodes.setdefault(str(n.target), n)
     handled = {id(modules[p]) for p in norm_nodes}
+    frozen = {p: m for p, m in modules.items() if rec.calls.get(p) and is_frozen_batchnorm(m)}
     for path, mod in modules.items():
-        if rec.calls.get(path) and _NORM_NAME.search(type(mod).__name__) and \
+        if rec.calls.get(path) and _NORM_NAME.search(type(mod).__name__) and path not in frozen and \
                 not any(id(m) in handled for m in mod.modules()):
             refused.append(f"{path} ({type(mod).__name__}): a normalisation convert does not know; it would stay in "
                            "the model. Replace it with nn.LayerNorm/nn.GroupNorm or pass it in leaf_modules")
@@ -305,6 +306,11 @@ def convert(
                                   f"({len(seen.get(path, []))} calls; {on})", "", False, change, calls))
         for alias in names:
             _set(source, alias, new)
+    for path, mod in frozen.items():  # computed op by op, so not a node of the recording: swapped whole
+        for alias in aliases[id(mod)]:
+            _set(source, alias, frozen_affine(mod))
+        fates.append(NormFate(path, type(mod).__name__, "affine", "a frozen BatchNorm: its fixed affine, kept frozen "
+                              "(requires_grad=False)", "", True, 0.0, rec.calls.get(path, 0)))
     if stale and not _replay:
         warned.append((f"{len(stale)} BatchNorm(s) ({', '.join(stale[:3])}) hold their initial running statistics "
                        "(mean 0, variance 1): the model looks untrained, or its statistics were not loaded",

@@ -22,7 +22,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 from .._adapt import _vocab as V
 from ._layers import ChannelAffine, FusedAffineTail
 
-__all__ = ["FOLDABLE_FORWARDS", "BNPlan", "affine_of", "fold_into", "plan_batchnorm"]
+__all__ = ["FOLDABLE_FORWARDS", "BNPlan", "affine_of", "fold_into", "frozen_affine", "is_frozen_batchnorm",
+           "plan_batchnorm"]
 
 # Layers a BatchNorm folds into: PyTorch's own, with their own forward (a weight-standardised convolution, whose
 # forward rescales its weight, would undo the fold).
@@ -76,6 +77,22 @@ def plan_batchnorm(node: fx.Node, modules: dict[str, nn.Module], calls: dict[str
         return BNPlan(path, "", f"after {lpath} on a {in_dims}-D input the norm's channels (dim 1) are not the "
                                 "Linear's features (the last dim)")
     return BNPlan(path, lpath, "directly after it")
+
+
+def is_frozen_batchnorm(mod: nn.Module) -> bool:
+    """A frozen BatchNorm (torchvision's ``FrozenBatchNorm2d``, in detection backbones): weight, bias and running
+    statistics held as buffers, a fixed affine, no children."""
+    return type(mod).__name__.startswith("FrozenBatchNorm") and not mod._modules and isinstance(
+        getattr(mod, "eps", None), float) and all(k in mod._buffers for k in ("weight", "bias", "running_mean",
+                                                                               "running_var"))
+
+
+@torch.no_grad()
+def frozen_affine(mod: nn.Module) -> ChannelAffine:
+    """The fixed affine of a frozen BatchNorm as a :class:`ChannelAffine`, still frozen (``requires_grad=False``)."""
+    new = affine_of(mod)
+    new.requires_grad_(False)
+    return new
 
 
 def _statistics(bn: nn.Module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
