@@ -224,6 +224,9 @@ def test_refusals_name_the_layer_and_the_fix(one_thread: None) -> None:
     rms = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))
     with pytest.raises(ConvertError, match=r"RMSNorm.*does not know"):
         convert(rms.eval(), torch.randn(2, 8))
+    half = _trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval().to(torch.bfloat16)
+    with pytest.raises(ConvertError, match=r"bfloat16.*convert the float32 model"):
+        convert(half, torch.randn(2, 3, 32, 32, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="per_example_norms must be one of"):
         convert(rms.eval(), torch.randn(2, 8), per_example_norms="groupnorm")
 

@@ -360,9 +360,13 @@ def convert(
                                "x".join(map(str, t.shape)) + f" {str(t.dtype).removeprefix('torch.')}" for t in check))
         report.max_change, report.rms_change = compare(model, source, check)
         if all(f.exact for f in fates) and report.max_change > tolerance:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+            why = (f"its weights are {str(dtype).removeprefix('torch.')}, and folding rounds each to that precision "
+                   f"(about {torch.finfo(dtype).eps:.0e}): convert the float32 model and cast it after, or pass a "
+                   "tolerance" if torch.finfo(dtype).bits < 32 else "Please report this model")
             raise ConvertError(f"the converted {name} differs from the original by {report.max_change:.3g} x the "
                                f"output's RMS on held-out inputs (tolerance {tolerance:g}), though every conversion "
-                               "was exact; it is not returned. Please report this model")
+                               f"was exact; it is not returned. {why}")
         for message, category in warned:
             warnings.warn(message, category, stacklevel=2)
     return source, report
