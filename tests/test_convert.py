@@ -109,6 +109,7 @@ def test_gated_methods_start_their_gates_at_one(one_thread: None) -> None:
     original = _trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval()
     x = torch.randn(2, 3, 32, 32)
     model, report = convert(original, x, method="rezero")
+    assert not any(m.training for m in model.modules())  # the added modules too take the model's mode
     gates = [m for m in model.modules() if isinstance(m, Gate)]
     assert len(gates) == len(report.branches) == 4 and all(g.scale.item() == 1.0 for g in gates)
     assert not any(isinstance(m, Bias) for m in model.modules())  # gated methods add no biases
@@ -416,3 +417,14 @@ def test_frozen_batchnorm_becomes_its_frozen_affine(one_thread: None) -> None:
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         assert _relative(model(x), converted(x)) <= 1e-5
+
+
+def test_a_models_own_gates_keep_their_trained_values(one_thread: None) -> None:
+    original = fixup.create_model("resnet20", method="skipinit", num_classes=3)
+    with torch.no_grad():
+        for g in original.modules():
+            if isinstance(g, Gate):
+                g.scale.fill_(0.3)
+    model, report = convert(original.eval(), torch.randn(2, 3, 32, 32), method="rezero")
+    values = [g.scale.item() for g in model.modules() if isinstance(g, Gate)]
+    assert sorted(set(values)) == [pytest.approx(0.3), 1.0] and report.max_change <= 1e-5

@@ -318,6 +318,7 @@ def convert(
 
     # --- the method's scalars at identity ---
     gated = method != "fixup"
+    own_gates = {id(m) for m in source.modules() if isinstance(m, Gate)}  # the model's own keep their values
     rw = Rewriter(source, rec.graph, analysis, rec.calls)
     declared: dict[str, list[Branch]] = {}
     for r in analysis.residuals:
@@ -327,7 +328,7 @@ def convert(
     rw.declare(declared, classifier)
     with torch.no_grad():
         for m in source.modules():
-            if isinstance(m, Gate):
+            if isinstance(m, Gate) and id(m) not in own_gates:
                 m.scale.fill_(1.0)  # the identity value: the branch passes as trained (adapt's gates start at 0)
     notes = [*analysis.notes, *rw.notes, *(str(p) for p in analysis.problems)]
     if analysis.problems:
@@ -338,8 +339,8 @@ def convert(
     if swapped:
         notes.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented non-fast-path "
                      "computation (a subclass of the same module), as the fused fast path reads the norms")
-    for m, mode in modes.items():
-        m.train(mode)
+    for m in source.modules():  # the modes it had; the modules convert put in, the root's
+        m.train(modes.get(m, modes[source]))
 
     after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
     nonlinear_after = after.nonlinearities(dict(source.named_modules()))
