@@ -179,7 +179,8 @@ def convert(
             ``"refuse"`` (default: a :class:`ConvertError` that names them and the options), ``"affine"`` (a
             per-channel affine fitted on calibration data) or ``"dyt"`` (Dynamic Tanh, alpha fitted). Their
             change is measured and reported; the model then no longer computes exactly the same function.
-        calibration: batches (each a tensor or tuple of positional tensors) the per-example norms are fitted on;
+        calibration: batches of inputs (each a tensor or a tuple of the forward's positional tensors, not
+            ``(input, label)`` pairs) the per-example norms are fitted on;
             ``None`` fits on ``example_input`` alone. Pass real data: the fit is only as good as it.
         sequential: fit each per-example norm, in execution order, on what it receives in the model converted so
             far, to the original norm's outputs, so that it makes up for the change of the norms before it;
