@@ -148,7 +148,8 @@ class OptimisationOptions:
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma
     gamma: float = 0.1  # step schedule: the factor at each milestone
     warmup_steps: int = 0  # linear warm-up over this many optimiser steps (inverse_sqrt: its warm-up)
-    decay_start: int = 0  # inverse_sqrt: the step its decay starts from (0: where the warm-up ends)
+    # T-Fixup's `inverse_sqrt_nowarmup`, its IWSLT recipe at P = 4,000; 0 with a warm-up (Vaswani's form)
+    decay_period: int = 0  # inverse_sqrt without warm-up: lr * sqrt(P / (P + step)) from the first step, P this
     epochs: int = 30  # passes over the training set
     max_updates: int = 0  # stop after this many optimiser steps, if earlier than epochs (0 = epochs decide)
 
@@ -284,13 +285,15 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             raise ValueError(f"milestones must be increasing fractions of training in (0, 1), got {self.milestones}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if self.decay_start < 0:
-            raise ValueError(f"decay_start must be >= 0 (0: the decay starts where the warm-up ends), got "
-                             f"{self.decay_start}")
-        if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0 and self.decay_start <= 0:
-            raise ValueError("schedule='inverse_sqrt' needs warmup_steps > 0 (the step where the lr peaks), "
-                             "e.g. --warmup-steps 4000 as in Vaswani et al. (2017), section 5.3, or, without "
-                             "warm-up, decay_start > 0 (the step its decay starts from)")
+        if self.decay_period < 0:
+            raise ValueError(f"decay_period must be >= 0 (inverse_sqrt without warm-up: lr * sqrt(P / (P + step))), "
+                             f"got {self.decay_period}")
+        if self.schedule == "inverse_sqrt" and (self.warmup_steps > 0) == (self.decay_period > 0):
+            raise ValueError("schedule='inverse_sqrt' needs exactly one of warmup_steps > 0 (a linear warm-up to the "
+                             "peak, then sqrt(warmup / step): Vaswani et al. (2017), section 5.3, e.g. "
+                             "--warmup-steps 4000) or decay_period > 0 (no warm-up, sqrt(P / (P + step)) from the "
+                             f"first step: T-Fixup's), got warmup_steps={self.warmup_steps}, "
+                             f"decay_period={self.decay_period}")
         return self
 
     def __post_init__(self) -> None:
