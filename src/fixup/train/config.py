@@ -66,7 +66,7 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
         if key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ValueError(f"config section {key!r} must be an object of options, got {value!r}")
-            check_keys(SECTIONS[key], value, f"option of section {key!r}")
+            check_keys(SECTIONS[key], value, "option", f" in section {key!r}")
             flat.update(value)
         else:
             flat[key] = value
@@ -74,12 +74,16 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
-    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the valid ones."""
+def check_keys(cls: type, data: Mapping[str, Any], what: str, where: str = "") -> None:
+    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the valid ones.
+
+    ``what`` is the singular noun of a key ("training option"); ``where`` says where the keys came from.
+    """
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(names))}")
+        noun = what if len(unknown) == 1 else f"{what}s"
+        raise ValueError(f"unknown {noun} {', '.join(unknown)}{where}; valid ones are {', '.join(sorted(names))}")
 
 
 @dataclass
