@@ -1,12 +1,13 @@
 """Speed and memory of every model family under Fixup, its bare form and BatchNorm/LayerNorm, side by side.
 
-The same benchmark as ``fixup bench`` (the code is fixup.perf.bench), runnable from a checkout. The table of
-docs/performance.md (every family x 1 and 2 threads x eager and compiled) comes from
+The same benchmark as ``fixup bench`` (the code is fixup.perf.bench), runnable from a checkout with the same
+options, e.g. every family x 1 and 2 threads x eager and compiled:
 
     python benchmarks/bench_models.py --compile --variants none fixup norm fixup-folded --threads 1 2 --reps 3 \
         --markdown --json bench.json
 
-See docs/performance.md for what is measured and how to read the ratios.
+docs/performance.md gives each current figure with the exact command that measured it, what is measured and
+how to read the ratios.
 """
 
 from __future__ import annotations

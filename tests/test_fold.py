@@ -3,6 +3,8 @@ Fixup scalar is left, for every family and every Fixup method."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -45,17 +47,46 @@ def _scalars(model: nn.Module) -> int:
     return sum(isinstance(m, (Bias, Scale)) for m in model.modules())
 
 
+def _to_double(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(x.double() if x.is_floating_point() else x for x in inputs)
+
+
+def _relative_error(out: torch.Tensor, truth: torch.Tensor) -> float:
+    return ((out.double() - truth).abs().max() / truth.abs().max()).item()
+
+
+# Folding is exact in real arithmetic, so its tolerances come from rounding, not from one machine's kernels:
+# - in float64, each operation rounds by at most eps64 (1.1e-16) of its result; the deepest family here runs a
+#   few hundred operations per output, and a trained-like Transformer at x10 amplifies rounding by its softmax's
+#   conditioning (measured: 7e-14, ~700 eps64, against <=1.5e-15 for every other cell). 1e-10 (~1e6 eps64)
+#   leaves three orders of magnitude above that and still fails on any real mistake (a missed scalar of 0.1 is
+#   ~1e-2).
+# - in float32, the unfolded model is itself inexact by up to ~240 eps32 (the x10 Transformer: 2.8e-5, more than
+#   the 1e-5 an earlier test asked for). The folded model must be no less accurate: within FLOAT32_SLACK times
+#   the unfolded model's own error against the float64 truth (floored at 64 eps32, the size of a few roundings
+#   of a sum over a layer). Measured worst ratio: 1.0.
+FLOAT64_TOLERANCE = 1e-10
+FLOAT32_SLACK = 4.0
+
+
 @pytest.mark.parametrize("method", FIXUP_METHODS)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_folded_model_matches_to_1e5_relative_and_keeps_no_scalar(family, method, one_thread):
+def test_folded_model_is_exact_and_keeps_no_scalar(family, method, one_thread):
     model, inputs = _trained_like(family, method)
     model.eval()
     scalars = _scalars(model)
     result = fold_for_inference(model)
+    exact = fold_for_inference(copy.deepcopy(model).double()).model
+    inputs64 = _to_double(inputs)
     with torch.no_grad():
-        ref, out = model(*inputs), result.model(*inputs)
-    error = (out - ref).abs().max().item() / ref.abs().max().item()
-    assert error <= 1e-5, f"{family}/{method}: folded output differs by {error:.2e} of the output's size"
+        truth = copy.deepcopy(model).double()(*inputs64)
+        error64 = _relative_error(exact(*inputs64), truth)
+        reference32, folded32 = _relative_error(model(*inputs), truth), _relative_error(result.model(*inputs), truth)
+    assert error64 <= FLOAT64_TOLERANCE, f"{family}/{method}: folded float64 output differs by {error64:.2e}"
+    eps32 = torch.finfo(torch.float32).eps
+    assert folded32 <= FLOAT32_SLACK * max(reference32, 64 * eps32), (
+        f"{family}/{method}: folded float32 output is {folded32:.2e} from the float64 truth, the unfolded model "
+        f"{reference32:.2e}")
     assert (result.folded, result.kept, result.unsupported) == (scalars, 0, [])
     assert _scalars(result.model) == 0 and not result.model.training
     blocks = [m for m in result.model.modules() if callable(getattr(m, "lean_ready", None))]

@@ -27,9 +27,9 @@ def test_t_fixup_runs_in_the_same_cells_with_its_own_recipe(tmp_path: Path) -> N
         {(c.setting["dropout"], c.seed) for c in by_method["fixup"]}
     configs = {m: translation_config(**c[0].config["train"]) for m, c in by_method.items()}
     assert (configs["t_fixup"].norm, configs["t_fixup"].init) == ("none", "t_fixup")
-    # no warm-up; the peak rate until the others' warm-up ends, then the same inverse square-root decay
+    # no warm-up; the inverse square-root decay from the first step, with the others' warm-up as its period
     t_fixup = configs["t_fixup"]
-    assert (t_fixup.warmup_steps, t_fixup.schedule, t_fixup.decay_start) == (0, "inverse_sqrt",
+    assert (t_fixup.warmup_steps, t_fixup.schedule, t_fixup.decay_period) == (0, "inverse_sqrt",
                                                                              grid.translation.warmup_steps)
     for m in ("fixup", "layernorm"):  # the other rows keep the grid's warm-up and schedule
         assert configs[m].norm == m and configs[m].warmup_steps == grid.translation.warmup_steps

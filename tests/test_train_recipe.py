@@ -65,21 +65,26 @@ def test_t_fixup_trains_without_warm_up_unless_one_is_given() -> None:
     from fixup.translation.task import translation_config
 
     cfg = translation_config("tiny", init="t_fixup")  # the tiny recipe warms up for 100 steps: T-Fixup's does not
-    assert (cfg.norm, cfg.warmup_steps, cfg.schedule, cfg.decay_start) == ("none", 0, "inverse_sqrt", 100)
+    assert (cfg.norm, cfg.warmup_steps, cfg.schedule, cfg.decay_period) == ("none", 0, "inverse_sqrt", 100)
     assert apply_recipe(cfg)[1].warmup_from == "method"
-    assert "the peak rate until step 100, then the inverse square-root decay" in apply_recipe(cfg)[1].notes[1]
-    # the peak rate from the first step until step 100, where the others' warm-up ends; then the same decay
+    assert "the inverse square-root decay from the first step, period 100" in apply_recipe(cfg)[1].notes[1]
+    # the authors' inverse_sqrt_nowarmup: lr * sqrt(P / (P + t)) from update 0, P the decay period (the others'
+    # warm-up length): 1, 1/sqrt(2), 1/sqrt(3) at updates 0, P, 2P, never above the peak
     warm = translation_config("tiny")
-    t_fixup = [lr_factor(s, 600, cfg) for s in (0, 50, 99, 100, 399, 599)]
-    assert t_fixup == [1.0, 1.0, 1.0, pytest.approx(math.sqrt(100 / 101)), pytest.approx(0.5), pytest.approx(
-        math.sqrt(100 / 600))]
+    t_fixup = [lr_factor(s, 600, cfg) for s in (0, 50, 100, 200, 599)]
+    assert t_fixup == [1.0, pytest.approx(math.sqrt(100 / 150)), pytest.approx(math.sqrt(0.5)),
+                       pytest.approx(math.sqrt(1 / 3)), pytest.approx(math.sqrt(100 / 699))]
     assert [lr_factor(s, 600, warm) for s in (0, 99, 399)] == [pytest.approx(0.01), 1.0, pytest.approx(0.5)]
-    assert translation_config("tiny", init="t_fixup", decay_start=300).decay_start == 300  # given: kept
-    assert translation_config("iwslt", init="t_fixup").decay_start == 4000  # the authors' IWSLT recipe
-    with pytest.raises(ValueError, match="decay_start > 0"):
+    assert translation_config("tiny", init="t_fixup", decay_period=300).decay_period == 300  # given: kept
+    iwslt = translation_config("iwslt", init="t_fixup")
+    assert iwslt.decay_period == 4000  # the authors' IWSLT recipe
+    assert [lr_factor(s, 10**5, iwslt) for s in (0, 4000, 8000)] == pytest.approx([1.0, 0.7071, 0.5774], abs=1e-4)
+    with pytest.raises(ValueError, match="exactly one of warmup_steps > 0"):
         TrainConfig(schedule="inverse_sqrt", warmup_steps=0).validate()
-    with pytest.raises(ValueError, match="decay_start must be >= 0"):
-        TrainConfig(decay_start=-1).validate()
+    with pytest.raises(ValueError, match="exactly one of warmup_steps > 0"):
+        TrainConfig(schedule="inverse_sqrt", warmup_steps=10, decay_period=10).validate()
+    with pytest.raises(ValueError, match="decay_period must be >= 0"):
+        TrainConfig(decay_period=-1).validate()
     given = translation_config("tiny", init="t_fixup", warmup_steps=50)
     assert (given.warmup_steps, given.schedule) == (50, "inverse_sqrt")
     recipe = apply_recipe(given)[1]

@@ -31,9 +31,9 @@ from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
 from ..init import fixup_init_, initialise_
-from ..lab.signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from ..method import as_method
 from ..report import warn_report
+from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
 from ._graph import AdaptError, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk

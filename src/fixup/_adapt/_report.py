@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..lab.signal import SignalRecord
 from ..report import FixupReport, GateReport
+from ..signal import SignalRecord
 from ._trunk import TrunkRecord
 
 __all__ = ["AdaptReport", "GateAdaptReport", "NormChange", "ResidualRecord"]

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from ..branch import WEIGHT_LAYERS
 from ..init import groups_of, he_std
-from ..lab.signal import output_rms
+from ..signal import output_rms
 
 __all__ = ["TRUNK_RULES", "TrunkRecord", "trunk_init_"]
 

@@ -164,11 +164,6 @@ class ParallelBatch:
     tgt_out: Tensor
     index: list[int]  # positions of these pairs in their split
 
-    @property
-    def num_tokens(self) -> int:
-        """Target tokens to predict (what losses are averaged over)."""
-        return int(self.tgt_out.ne(PAD).sum())
-
     def to(self, device: torch.device | str) -> ParallelBatch:
         return ParallelBatch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.index)
 

@@ -14,7 +14,7 @@ from ..method import as_method
 from .cells import Cell
 from .grid import Grid
 
-__all__ = ["chance_level", "image_cost", "image_train", "layer_cost", "method_model_args", "train_cell"]
+__all__ = ["chance", "chance_level", "image_cost", "image_train", "layer_cost", "method_model_args", "train_cell"]
 
 # "folder" is an ImageNet-style class-folder set; its figures are ImageNet-1k's.
 NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10, "folder": 1000}
@@ -51,6 +51,11 @@ def image_cost(grid: Grid, depth: int, epochs: float, *, data: str | None = None
 
 def chance_level(grid: Grid) -> float:
     return 1.0 / NUM_CLASSES.get(grid.data, 10)
+
+
+def chance(dataset: str) -> float:
+    """The accuracy of a constant guess on ``dataset`` (1 / classes), where known; NaN otherwise."""
+    return 1.0 / NUM_CLASSES[dataset] if dataset in NUM_CLASSES else math.nan
 
 
 def method_model_args(method: str) -> dict[str, str]:

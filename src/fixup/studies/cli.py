@@ -24,9 +24,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                            "cifar-10-batches-py), and optionally iwslt14.de-en/, svhn/ and imagenet/; see "
                            "--dry-run and docs/studies.md")
     mode.add_argument("--deep", dest="mode", action="store_const", const="deep",
-                      help="the paper's depths (10 to 10,000 layers, every method, 3 seeds) and translation at its "
-                           "plateau (dropout search, 5 seeds) on the embedded data: many CPU hours, cheapest cells "
-                           "first; rerun the same command to resume (docs/studies.md, 'The deep tier')")
+                      help="the paper's depths (10 to 10,000 layers, every method, 3 seeds), the ablations at 1,000 "
+                           "and 10,000 layers, and translation at its plateau (dropout search, 5 seeds) on the "
+                           "embedded data: many CPU hours, cheapest cells first; rerun the same command to resume "
+                           "(docs/studies.md, 'The deep tier')")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="a minimal grid that checks the whole pipeline in about a minute (CI)")
     p.set_defaults(mode="quick")

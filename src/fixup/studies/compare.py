@@ -16,7 +16,6 @@ figures and each run's final scalars (gates, multipliers, biases; see :mod:`fixu
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,13 +214,6 @@ def compare(config: CompareConfig, out: str | Path, *, jobs: int = 1, progress: 
 
         plot = plot_compare(summary, out / "compare.png")
     return CompareResult(summary, table, report, results, plot, run.ran, run.resumed, dict(run.failed), run.seconds)
-
-
-def chance(dataset: str) -> float:
-    """The accuracy of a constant guess on ``dataset`` (1 / classes), where known; NaN otherwise."""
-    from ._common import NUM_CLASSES
-
-    return 1.0 / NUM_CLASSES[dataset] if dataset in NUM_CLASSES else math.nan
 
 
 def parse_train_options(items: Sequence[str]) -> dict[str, Any]:

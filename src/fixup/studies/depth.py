@@ -44,21 +44,27 @@ LEARNING_MARGIN = 0.2
 TRACKING_MARGIN = 0.1
 
 
+def figure3_train(grid: Grid, method: str, seed: int, depth: int) -> dict[str, Any]:
+    """The training config of a Figure 3 cell: ``method`` at ``depth`` layers under the depth grid's protocol (the
+    ablation study's rows at depth train by it too)."""
+    g = grid.depth
+    batch = g.batch_size_10000 if depth >= 10_000 else g.batch_size
+    base, options = VARIANTS.get(method, (method, {}))
+    # checkpoint=True: the cell trains in segments, each ending in a checkpoint (see train_cell)
+    return image_train(grid, base, seed, model=g.model, depth=depth, width=g.width, lr=g.lr,
+                       weight_decay=g.weight_decay, batch_size=batch, epochs=g.epochs, schedule="constant",
+                       checkpoint=True, collapse_patience=g.collapse_patience, **options)
+
+
 def plan(grid: Grid, store: Store) -> Plan:
     g = grid.depth
     tasks = []
     for depth in g.depths:
-        batch = g.batch_size_10000 if depth >= 10_000 else g.batch_size
         # seed by seed: a run taken in plan order (the deep tier's, cheapest first) has every method at n=1
         # before any at n=2
         for seed in range(grid.seeds):
             for method in g.methods:
-                base, options = VARIANTS.get(method, (method, {}))
-                # checkpoint=True: the cell trains in segments, each ending in a checkpoint (see train_cell)
-                train = image_train(grid, base, seed, model=g.model, depth=depth, width=g.width, lr=g.lr,
-                                    weight_decay=g.weight_decay, batch_size=batch, epochs=g.epochs,
-                                    schedule="constant", checkpoint=True, collapse_patience=g.collapse_patience,
-                                    **options)
+                train = figure3_train(grid, method, seed, depth)
                 cell = Cell("depth", method, {"depth": depth}, seed, config={"train": train},
                             cost=image_cost(grid, depth, g.epochs))
                 tasks.append(Task(cell, train_cell))

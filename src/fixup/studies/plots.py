@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._plotting import pyplot
+from ._common import chance
 from .evidence import Cells
 
 __all__ = ["plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_learning_curves", "plot_loglog"]
@@ -209,7 +210,6 @@ def plot_bars(groups: Mapping[str, Mapping[str, Mapping[str, Any]]], ylabel: str
 def plot_compare(summary: Mapping[str, Any], path: Path) -> Path:
     """Test accuracy per method (``fixup compare``'s summary): each seed a point, the mean ± std a bar with caps;
     a run that failed (diverged, collapsed, ...) is a marker at chance, labelled with how it ended."""
-    from .compare import chance
 
     plt = pyplot()
     methods = summary["methods"]

@@ -71,8 +71,8 @@ def plan(grid: Grid, store: Store) -> Plan:
             train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed,
                      "device": grid.device, "max_updates": g.max_updates, "warmup_steps": g.warmup_steps,
                      "lr": g.lr, "checkpoint": True, "extra": extra}
-            if not as_method(method).warmup:  # T-Fixup: no warm-up; it decays from where the others' warm-up ends
-                train["decay_start"] = train.pop("warmup_steps")
+            if not as_method(method).warmup:  # T-Fixup: no warm-up; it decays from the first step, with the others'
+                train["decay_period"] = train.pop("warmup_steps")  # warm-up length as its period
             if g.data_dir:
                 train["data_dir"] = g.data_dir
             cell = Cell("translation", method, {"dropout": dropout}, seed, cost=g.cost_per_cell,

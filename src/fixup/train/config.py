@@ -66,7 +66,7 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
         if key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ValueError(f"config section {key!r} must be an object of options, got {value!r}")
-            check_keys(SECTIONS[key], value, f"option of section {key!r}")
+            check_keys(SECTIONS[key], value, "option", f" in section {key!r}")
             flat.update(value)
         else:
             flat[key] = value
@@ -74,12 +74,16 @@ def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def check_keys(cls: type, data: Mapping[str, Any], what: str) -> None:
-    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the valid ones."""
+def check_keys(cls: type, data: Mapping[str, Any], what: str, where: str = "") -> None:
+    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the valid ones.
+
+    ``what`` is the singular noun of a key ("training option"); ``where`` says where the keys came from.
+    """
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(names))}")
+        noun = what if len(unknown) == 1 else f"{what}s"
+        raise ValueError(f"unknown {noun} {', '.join(unknown)}{where}; valid ones are {', '.join(sorted(names))}")
 
 
 @dataclass
@@ -148,7 +152,8 @@ class OptimisationOptions:
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma
     gamma: float = 0.1  # step schedule: the factor at each milestone
     warmup_steps: int = 0  # linear warm-up over this many optimiser steps (inverse_sqrt: its warm-up)
-    decay_start: int = 0  # inverse_sqrt: the step its decay starts from (0: where the warm-up ends)
+    # T-Fixup's `inverse_sqrt_nowarmup`, its IWSLT recipe at P = 4,000; 0 with a warm-up (Vaswani's form)
+    decay_period: int = 0  # inverse_sqrt without warm-up: lr * sqrt(P / (P + step)) from the first step, P this
     epochs: int = 30  # passes over the training set
     max_updates: int = 0  # stop after this many optimiser steps, if earlier than epochs (0 = epochs decide)
 
@@ -284,13 +289,15 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             raise ValueError(f"milestones must be increasing fractions of training in (0, 1), got {self.milestones}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if self.decay_start < 0:
-            raise ValueError(f"decay_start must be >= 0 (0: the decay starts where the warm-up ends), got "
-                             f"{self.decay_start}")
-        if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0 and self.decay_start <= 0:
-            raise ValueError("schedule='inverse_sqrt' needs warmup_steps > 0 (the step where the lr peaks), "
-                             "e.g. --warmup-steps 4000 as in Vaswani et al. (2017), section 5.3, or, without "
-                             "warm-up, decay_start > 0 (the step its decay starts from)")
+        if self.decay_period < 0:
+            raise ValueError(f"decay_period must be >= 0 (inverse_sqrt without warm-up: lr * sqrt(P / (P + step))), "
+                             f"got {self.decay_period}")
+        if self.schedule == "inverse_sqrt" and (self.warmup_steps > 0) == (self.decay_period > 0):
+            raise ValueError("schedule='inverse_sqrt' needs exactly one of warmup_steps > 0 (a linear warm-up to the "
+                             "peak, then sqrt(warmup / step): Vaswani et al. (2017), section 5.3, e.g. "
+                             "--warmup-steps 4000) or decay_period > 0 (no warm-up, sqrt(P / (P + step)) from the "
+                             f"first step: T-Fixup's), got warmup_steps={self.warmup_steps}, "
+                             f"decay_period={self.decay_period}")
         return self
 
     def __post_init__(self) -> None:

@@ -46,8 +46,9 @@ def lr_factor(step: int, total: int, config: TrainConfig) -> float:
     - ``step``: ``gamma`` to the number of ``milestones`` (fractions of ``total``) already passed (the
       CIFAR ResNet recipe: divide by 10 at 50% and 75%); the first step always runs at the peak rate.
     - ``cosine``: half a cosine from 1 to 0 over the steps after warm-up (Loshchilov & Hutter 2017).
-    - ``inverse_sqrt``: ``sqrt(start / (step + 1))`` from step ``start`` on (Vaswani et al. 2017, section 5.3),
-      where ``start`` is ``decay_start``, or the end of the warm-up where that is 0.
+    - ``inverse_sqrt``: with a warm-up of W steps, ``sqrt(W / (step + 1))`` after it (Vaswani et al. 2017,
+      section 5.3); without one, ``sqrt(P / (P + step))`` from the first step, P = ``decay_period`` (the T-Fixup
+      authors' ``inverse_sqrt_nowarmup``: 1, 0.707, 0.577 at steps 0, P, 2P).
 
     Linear warm-up multiplies by ``(step + 1) / warmup_steps`` during the first ``warmup_steps``.
     """
@@ -58,8 +59,10 @@ def lr_factor(step: int, total: int, config: TrainConfig) -> float:
     elif config.schedule == "cosine":
         progress = min(1.0, max(0.0, (step - warm) / max(1, total - warm)))
         factor *= 0.5 * (1.0 + math.cos(math.pi * progress))
-    elif config.schedule == "inverse_sqrt" and step >= (start := config.decay_start or warm):
-        factor *= math.sqrt(start / (step + 1))
+    elif config.schedule == "inverse_sqrt" and config.decay_period:
+        factor *= math.sqrt(config.decay_period / (config.decay_period + step))
+    elif config.schedule == "inverse_sqrt" and step >= warm:
+        factor *= math.sqrt(warm / (step + 1))
     return factor
 
 

@@ -65,7 +65,7 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
         warm_note = f"the warm-up set explicitly (warmup_steps), although {name}'s recipe has no warm-up"
     else:
         warm_from, warm_note = "method", f"no warm-up: {name}'s recipe" + (
-            f" (the peak rate until step {config.decay_start}, then the inverse square-root decay)"
+            f" (the inverse square-root decay from the first step, period {config.decay_period})"
             if config.schedule == "inverse_sqrt" else "")
     recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note))
     return config.replace(clip=clip), recipe
@@ -76,9 +76,8 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
 
     ``given`` are the options set explicitly; they keep their values (the caller merges them over the result).
     For a method whose recipe has no warm-up (``t_fixup``), the base's warm-up goes, and an ``inverse_sqrt``
-    schedule keeps the peak rate from the first step until the step where the base's warm-up would have ended,
-    then decays from there (``decay_start``): T-Fixup's schedule (the authors' IWSLT recipe decays from update
-    4,000, where the base recipe's warm-up ends).
+    schedule decays from the first step as ``sqrt(P / (P + step))`` with the base's warm-up length as its period
+    P (``decay_period``): T-Fixup's schedule (its authors' IWSLT recipe: P = 4,000, the base recipe's warm-up).
     """
     out = dict(base)
     if "norm" not in given and "init" in given:  # a method name given alone selects its own normalisation
@@ -90,7 +89,7 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
     method = resolve_method(merged.get("norm") or None, merged.get("init") or None)
     if not method.warmup and "warmup_steps" not in given:
         schedule = given.get("schedule", out.get("schedule"))
-        if schedule == "inverse_sqrt" and "decay_start" not in given and not out.get("decay_start"):
-            out["decay_start"] = out.get("warmup_steps", 0)
+        if schedule == "inverse_sqrt" and "decay_period" not in given and not out.get("decay_period"):
+            out["decay_period"] = out.get("warmup_steps", 0)
         out["warmup_steps"] = 0
     return out

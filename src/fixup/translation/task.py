@@ -80,7 +80,7 @@ class TranslationOptions:
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
-        check_keys(cls, extra, "translation option (in --extra)")
+        check_keys(cls, extra, "translation option", " in --extra")
         return cls(**extra)
 
 
