@@ -21,6 +21,7 @@ from torch import nn
 
 from .._io import atomic_write
 from ..report import FixupWarning
+from ._pipeline import convert
 from ._report import ConvertReport
 
 __all__ = ["FORMAT", "load_converted", "save_converted"]
@@ -51,8 +52,6 @@ def load_converted(path: str | Path, build: Callable[[], nn.Module] | nn.Module,
         leaf_modules: as passed to :func:`fixup.convert` (the file names them; their types are not unpickled).
         map_location: where the weights go.
     """
-    from . import convert
-
     data: Any = torch.load(path, map_location=map_location, weights_only=True)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
