@@ -365,7 +365,8 @@ def prepare(model: nn.Module, example: Any = None) -> PrivateReport:
     changes nothing more. The model's ``state_dict`` keys are kept.
     """
     shared = _share_aliases(model)
-    report = PrivateReport(shared=shared, moved=_move_scalars(model), problems=_static_problems(model))
+    problems = _static_problems(model)  # named by their paths before any wrapper
+    report = PrivateReport(shared=shared, moved=_move_scalars(model), problems=problems)
     if example is not None:
         report.checked_inplace = True
         for name in _inplace_producers(model, _as_inputs(example)):
