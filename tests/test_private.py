@@ -290,3 +290,21 @@ def test_inplace_relu_is_in_place_without_hooks_and_not_on_a_hooked_output() -> 
     out = relu(y)
     assert out is not y and torch.equal(out, y.clamp(min=0))
     out.sum().backward()  # an in-place ReLU here raises "Output 0 of BackwardHookFunction is a view"
+
+
+def test_adapt_reports_whether_the_model_is_ready_for_private_training(one_thread) -> None:
+    from adapt_zoo import ZOO
+    entry = ZOO["resnet18 (torchvision ResNet)"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FixupWarning)
+        model, report = fixup.adapt(entry.build(), entry.example())
+        assert report.private.startswith("ready for private training (Opacus) after fixup.private.prepare")
+        assert report.private in str(report) and report.to_dict()["private"] == report.private
+        assert not any(isinstance(m, private.LayerScalars) for m in model.modules())  # a copy was checked
+        model, report = fixup.adapt(entry.build(), entry.example(), private=True)
+        assert report.private.startswith("ready for private training (Opacus): 17 layers' scalars out of hooks")
+        assert any(isinstance(m, private.LayerScalars) for m in model.modules())
+        transformer = ZOO["nn.Transformer (pre-norm)"]
+        _, report = fixup.adapt(transformer.build(), transformer.example())
+    assert report.private.startswith("not ready") and "encoder.layers.0.self_attn (MultiheadAttention)" in \
+        report.private
