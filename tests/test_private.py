@@ -308,3 +308,31 @@ def test_adapt_reports_whether_the_model_is_ready_for_private_training(one_threa
         _, report = fixup.adapt(transformer.build(), transformer.example())
     assert report.private.startswith("not ready") and "encoder.layers.0.self_attn (MultiheadAttention)" in \
         report.private
+
+
+class _Twice(nn.Module):
+    """A layer registered twice and called through both names, its output then changed in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 3)
+        self.second = self.first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x)
+        y += 1.0
+        z = self.second(y)
+        z += 1.0
+        return z
+
+
+def test_a_module_registered_twice_calls_what_its_first_path_holds(one_thread) -> None:
+    model = _Twice()
+    x = torch.randn(2, 3)
+    expected = model(x)
+    report = private.prepare(model, x)
+    assert report.shared == ["second"] and report.fresh == ["first"] and report.ready
+    assert model.second.target is model.first  # the FreshOutput now at "first", not the bare layer
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    model.first.module.register_full_backward_hook(lambda *a: None)  # as Opacus: one hooked layer, called twice
+    model(x).sum().backward()

@@ -196,9 +196,11 @@ def _static_problems(model: nn.Module) -> list[str]:
         elif isinstance(m, nn.MultiheadAttention):
             problems.append(f"{label} has no per-example gradients in Opacus; replace it with "
                             "opacus.layers.DPMultiheadAttention (opacus.validators.ModuleValidator.fix)")
-        elif _direct_params(m) and any(True for _ in m.buffers(recurse=False)) and type(m) not in _SAMPLED:
-            problems.append(f"{label} holds buffers ({', '.join(n for n, _ in m.named_buffers(recurse=False))}), "
-                            "which Opacus's functorch fallback refuses; a folded model is for inference only: "
+        elif _direct_params(m) and type(m) not in _SAMPLED and any(True for _ in m.buffers()):
+            # Opacus's functorch fallback takes the module whole (its children too) and refuses any buffer in it.
+            problems.append(f"{label} holds buffers ({', '.join(n for n, _ in m.named_buffers())}), "
+                            "which Opacus's functorch fallback (this module's per-example gradients computed whole) "
+                            "refuses; move them out of it, or, for a folded model (ShiftedConv2d: inference only), "
                             "train the unfolded one")
     return problems
 
@@ -226,6 +228,14 @@ def _share_aliases(model: nn.Module) -> list[str]:
         else:
             first.setdefault(id(m), name)
     return shared
+
+
+def _repoint_shared(model: nn.Module) -> None:
+    """Point every :class:`SharedModule` at what its first registration's path holds now (a wrapper, if one was
+    put there), so that both registrations compute the same."""
+    for m in model.modules():
+        if isinstance(m, SharedModule):
+            m.__dict__["target"] = model.get_submodule(m.first)
 
 
 # --- adapt's hooks into wrappers ---
@@ -367,14 +377,18 @@ def prepare(model: nn.Module, example: Any = None) -> PrivateReport:
     shared = _share_aliases(model)
     problems = _static_problems(model)  # named by their paths before any wrapper
     report = PrivateReport(shared=shared, moved=_move_scalars(model), problems=problems)
+    _repoint_shared(model)
     if example is not None:
         report.checked_inplace = True
         for name in _inplace_producers(model, _as_inputs(example)):
             module = model.get_submodule(name)
+            if isinstance(module, SharedModule):  # wrap the first registration, which both paths then call
+                name, module = module.first, model.get_submodule(module.first)
             if isinstance(module, FreshOutput):
                 continue
             _replace(model, name, FreshOutput(module))
             report.fresh.append(name)
+        _repoint_shared(model)
         left = _inplace_producers(model, _as_inputs(example)) if report.fresh else []
         report.problems += [f"{name}: its output is still changed in place under hooks; compute the code after "
                             "it out of place" for name in left]
