@@ -336,3 +336,16 @@ def test_a_module_registered_twice_calls_what_its_first_path_holds(one_thread) -
     torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
     model.first.module.register_full_backward_hook(lambda *a: None)  # as Opacus: one hooked layer, called twice
     model(x).sum().backward()
+
+
+def test_prepare_mends_opacus_own_route_for_timm_resnet(opacus, one_thread) -> None:
+    """ModuleValidator.fix (BatchNorm -> GroupNorm) leaves timm's in-place additions, which fail under hooks;
+    prepare copies those outputs under hooks, and the per-example gradients are exact."""
+    from opacus.validators import ModuleValidator
+
+    from adapt_zoo import timm_model
+    from test_adapt_zoo import _needs
+    _needs("timm")
+    torch.manual_seed(0)
+    model = ModuleValidator.fix(timm_model("resnet18"))
+    check_per_example_gradients(model, *_image_batch(), "hooks")
