@@ -129,6 +129,23 @@ def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: l
                          "their last operation is not the zeroed weight layer. Please report this model.")
 
 
+def _private_readiness(model: nn.Module, args: tuple[Tensor, ...], apply: bool) -> str:
+    """:func:`fixup.private.prepare` on ``model`` (``apply``) or on a copy of it: the report's line about Opacus."""
+    from ..private import prepare
+
+    target = model if apply else copy.deepcopy(model)
+    was_training = target.training
+    target.eval()  # the in-place check's forward, with no dropout draws
+    try:
+        summary = prepare(target, args).summary()
+    finally:
+        target.train(was_training)
+    if apply or summary.startswith("not ready"):
+        return summary
+    return summary.replace("ready for private training (Opacus)", "ready for private training (Opacus) after "
+                           "fixup.private.prepare(model, example) or adapt(..., private=True)", 1)
+
+
 def adapt(
     model: nn.Module,
     example_input: Tensor | Sequence[Tensor],
@@ -141,6 +158,7 @@ def adapt(
     trunk: str = "lsuv",
     method: str = "fixup",
     leaf_modules: tuple[type[nn.Module], ...] = (),
+    private: bool = False,
     **init_options: Any,
 ) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
@@ -174,6 +192,9 @@ def adapt(
             He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
         method: ``"fixup"`` (default) or one of the gated methods of ``fixup.METHODS`` (``ADAPT_METHODS``).
         leaf_modules: module types to record whole (never searched for branches).
+        private: make the copy ready for private training with Opacus (:func:`fixup.private.prepare`: the scalars
+            called around their layers rather than by hooks, an output changed in place copied under hooks only).
+            Without it the report still says whether the model would be ready, and what ``prepare`` would change.
 
     The report lists every trunk layer with its rule and measured output RMS (``report.trunk``) and the
     stream's RMS at each stage's output relative to the input's (``report.stream``), with a warning for a
@@ -265,6 +286,7 @@ def adapt(
     if loaded.zeroed_overwritten:
         new_warnings.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
                             f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
+    readiness = _private_readiness(source, args, private)
     data = dict(vars(report))
     data["warnings"] = [*data["warnings"], *new_warnings]
     kind = GateAdaptReport if gated else AdaptReport
@@ -272,6 +294,6 @@ def adapt(
                   nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
                   layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
                   weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
-                  trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages)
+                  trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages, private=readiness)
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
     return source, result

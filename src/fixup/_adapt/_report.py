@@ -58,6 +58,7 @@ class _Adaptation:
     trunk: list[TrunkRecord] = field(default_factory=list)     # each trunk layer, in execution order
     stream_input_rms: float = 1.0                              # the example input's RMS (1 for token ids)
     stream: list[SignalRecord] = field(default_factory=list)   # the stream's RMS at each stage, at initialisation
+    private: str = ""  # ready for private training (Opacus), or why not: fixup.private.PrivateReport.summary()
 
     @classmethod
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +106,8 @@ class _Adaptation:
         if self.stream:
             lines.append(f"  stream RMS at initialisation, per stage, x the input's ({self.stream_input_rms:.3g}): "
                          + " ".join(f"{s.name}={s.ratio:.2f}" for s in self.stream))
+        if self.private:
+            lines.append(f"  {self.private}")
         if self.weights_loaded or self.weights_dropped:
             lines.append(f"  original weights: {len(self.weights_loaded)} entries loaded, "
                          f"{len(self.weights_dropped)} dropped")
