@@ -139,7 +139,7 @@ def test_empty_poisson_batches_take_a_noisy_step(one_thread) -> None:
 
 @needs_opacus
 def test_resumed_private_run_spends_the_same_epsilon_and_trains_the_same_weights(tmp_path, one_thread) -> None:
-    cfg = TrainConfig(**TINY, batch_size=512, epochs=2, dp=True, target_epsilon=4.0, label_smoothing=0.1)
+    cfg = TrainConfig(**TINY, batch_size=512, epochs=2, dp=True, noise_multiplier=0.8, label_smoothing=0.1)
     straight = fit(cfg, out_dir=tmp_path / "straight", progress=False)
     first = fit(cfg, out_dir=tmp_path / "resumed", progress=False, on_step=lambda s: s.step == 4)  # mid-epoch 2
     assert first.outcome.status == "interrupted" and first.outcome.step == 4

@@ -390,7 +390,7 @@ class _Run:
         shown = {k: f"{float(v) / n:.4g}" for k, v in self.partial.items() if k != "n"}
         shown["lr"] = f"{self.optimizer.param_groups[0]['lr']:.3g}"
         if self.private is not None:
-            shown["epsilon"] = f"{self.private.epsilon():.3g}"
+            shown["epsilon"] = f"{self.private.progress_epsilon(self.steps_per_epoch // 4):.3g}"
         return shown
 
     def _end_epoch(self, log: RunLog, started: float, n_epochs: int) -> None:

@@ -113,6 +113,8 @@ class PrivateTraining:
                                      expected_batch_size=self.expected_batch_size, loss_reduction="mean",
                                      generator=self.generator)
         self.optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=self.sample_rate))
+        self._rdp_steps: dict[tuple[float, float], Any] = {}
+        self._cached: tuple[tuple[tuple[Any, ...], ...], float] = ((), 0.0)  # (history, epsilon) last computed
 
     @property
     def steps(self) -> int:
@@ -120,10 +122,44 @@ class PrivateTraining:
         return sum(int(n) for _, _, n in self.accountant.history)
 
     def epsilon(self) -> float:
-        """The epsilon spent so far at ``config.delta`` (0 before the first step)."""
-        if not self.accountant.history:
+        """The epsilon spent so far at ``config.delta`` (0 before the first step), as the accountant computes it.
+
+        RDP composes by addition, so the RDP of a step at each order is computed once per (noise, rate) and
+        multiplied by the steps, as Opacus's ``compute_rdp`` does: the same numbers as ``RDPAccountant.get_epsilon``,
+        without its 0.65 s per call (measured on one CPU thread; 151 orders, most fractional).
+        """
+        history = self.accountant.history
+        if not history:
             return 0.0
-        return float(self.accountant.get_epsilon(delta=self.config.delta))
+        key = tuple(tuple(h) for h in history)
+        if key == self._cached[0]:
+            return self._cached[1]
+        if self.config.accountant == "rdp":
+            from opacus.accountants.analysis import rdp as analysis
+
+            orders = self.accountant.DEFAULT_ALPHAS
+            rdp = sum([self._rdp_step(float(s), float(q), orders) * int(n) for s, q, n in history])
+            eps = float(analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=self.config.delta)[0])
+        else:
+            eps = float(self.accountant.get_epsilon(delta=self.config.delta))
+        self._cached = (key, eps)
+        return eps
+
+    def progress_epsilon(self, every: int) -> float:
+        """:meth:`epsilon` for the progress line: the PRV accountant's (0.1-0.5 s a call) at most every ``every``
+        steps, the last value in between; RDP's always."""
+        if self.config.accountant == "prv" and self._cached[0] and self.steps - sum(
+                int(n) for _, _, n in self._cached[0]) < every:
+            return self._cached[1]
+        return self.epsilon()
+
+    def _rdp_step(self, sigma: float, q: float, orders: list[float]) -> Any:
+        """The RDP of one step of the Sampled Gaussian Mechanism at each order (cached)."""
+        from opacus.accountants.analysis import rdp as analysis
+
+        if (sigma, q) not in self._rdp_steps:
+            self._rdp_steps[(sigma, q)] = analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
+        return self._rdp_steps[(sigma, q)]
 
     def describe(self) -> dict[str, Any]:
         """The mechanism's settings (run.json): what was solved or given, and how batches are drawn."""
