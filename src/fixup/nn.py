@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RELU_GAMMA", "Bias", "Gate", "Scale", "ScaledReLU", "ScaledStdConv2d", "check_residual_shapes",
-           "residual_add"]
+__all__ = ["RELU_GAMMA", "Bias", "Gate", "InplaceReLU", "Scale", "ScaledReLU", "ScaledStdConv2d",
+           "check_residual_shapes", "inplace_safe", "residual_add"]
 
 # Brock, De & Smith (2021), section 4: the gain that gives ReLU's output unit variance on a unit Gaussian input,
 # 1 / sqrt(Var(relu(z))) = 1 / sqrt((1 - 1/pi) / 2).
@@ -90,6 +90,28 @@ def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block"
     """
     check_residual_shapes(shortcut, branch, block)
     return shortcut + branch
+
+
+def inplace_safe(x: Tensor) -> bool:
+    """Whether ``x`` may be changed in place: it is not a view.
+
+    A module under a full backward hook (Opacus's per-sample gradients, ``register_full_backward_hook``) returns
+    its output as a view made by a custom autograd function, and autograd refuses any in-place change of it
+    ("Output 0 of BackwardHookFunction is a view and is being modified inplace"). Without hooks a layer's output
+    is a fresh tensor, and the in-place fast path stays.
+    """
+    return not x._is_view()
+
+
+class InplaceReLU(nn.ReLU):
+    """``nn.ReLU(inplace=True)`` that computes out of place where its input is a view (:func:`inplace_safe`): the
+    output of a module under a backward hook. An ``nn.ReLU`` in every other respect."""
+
+    def __init__(self) -> None:
+        super().__init__(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x, inplace=self.inplace and inplace_safe(x))
 
 
 class ScaledReLU(nn.Module):

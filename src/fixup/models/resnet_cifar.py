@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..branch import Branch
 from ..init import initialise_
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, check_residual_shapes, residual_add
+from ..nn import Bias, InplaceReLU, Scale, ScaledReLU, ScaledStdConv2d, check_residual_shapes, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
@@ -66,7 +66,7 @@ class BasicBlock(nn.Module):
         self.norm1 = make_norm(norm, out_ch, norm_groups)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
         self.norm2 = make_norm(norm, out_ch, norm_groups)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu = InplaceReLU()
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         if stride == 1 and in_ch == out_ch:
@@ -213,7 +213,7 @@ class CifarResNet(StemHeadFolding, nn.Module):
         self.norm1 = make_norm(norm, width)
         self.bias1 = scalar(Bias, fixup_biases)
         # NF-ResNets are pre-activation networks: the stem ends at its convolution, the head activates.
-        self.relu = nn.Identity() if nf else nn.ReLU(inplace=True)
+        self.relu = nn.Identity() if nf else InplaceReLU()
         stages, in_ch = [], width
         for i, out_ch in enumerate((width, 2 * width, 4 * width)):
             blocks = [NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method) if nf

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from ..branch import Branch
 from ..init import initialise_
 from ..method import METHODS, Method
-from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, residual_add
+from ..nn import Bias, InplaceReLU, Scale, ScaledReLU, ScaledStdConv2d, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
@@ -84,7 +84,7 @@ class Bottleneck(nn.Module):
         self.norm2 = make_norm(norm, planes, norm_groups)
         self.conv3 = nn.Conv2d(planes, out_ch, 1, bias=False)
         self.norm3 = make_norm(norm, out_ch, norm_groups)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu = InplaceReLU()
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         self.shortcut: nn.Module = nn.Identity()
@@ -200,7 +200,7 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
         self.norm1 = make_norm(norm, width, norm_groups)
         self.bias1 = scalar(Bias, fixup_biases)
         # NF-ResNets are pre-activation networks: the stem ends at its convolution (and pooling), the head activates.
-        self.relu = nn.Identity() if nf else nn.ReLU(inplace=True)
+        self.relu = nn.Identity() if nf else InplaceReLU()
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, in_ch = [], width
         for i, n in enumerate(layers):
