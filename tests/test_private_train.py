@@ -24,8 +24,7 @@ except ImportError:
     HAVE_OPACUS = False
 needs_opacus = pytest.mark.skipif(not HAVE_OPACUS, reason="opacus is not installed (pip install 'fixup-lab[dp]')")
 
-# A SkipInit Wide-ResNet-10-1: its forward has no in-place operation on a module's output, so Opacus's per-example
-# hooks work on it without fixup's dp changes to the models.
+# A SkipInit Wide-ResNet-10-1: small, and its forward has no in-place operation on a module's output.
 TINY = {"model": "wide_resnet", "depth": 10, "width": 1, "init": "skipinit", "momentum": 0.0, "weight_decay": 0.0,
         "lr": 0.5, "device": "cpu"}
 
@@ -106,6 +105,16 @@ def test_private_run_records_epsilon_everywhere(tmp_path, capsys, one_thread) ->
     assert "each example's gradient is clipped to max_grad_norm 1" in result["recipe"]["notes"][0]
     rates = {g["name"]: g["lr"] for g in result["param_groups"]}
     assert rates["gates"] == 0.5 * rates["weights"]  # fixup's groups survive Opacus's optimiser wrapper
+
+
+@needs_opacus
+@pytest.mark.parametrize("method", [{"norm": "fixup"}, {"init": "rezero"}, {"norm": "groupnorm"}])
+def test_our_resnets_train_privately(method, one_thread) -> None:
+    # The engine's default model, Fixup's ResNet-8, and its ReZero and GroupNorm forms: fixup.private makes them ready.
+    result = fit(TrainConfig(depth=8, **method, dp=True, noise_multiplier=1.0, batch_size=64, max_updates=2,
+                             device="cpu"), progress=False)
+    assert result.outcome.status == "completed" and result.privacy["steps"] == 2
+    assert result.privacy["prepared"]["ready"] and result.privacy["epsilon"] > 0
 
 
 @needs_opacus

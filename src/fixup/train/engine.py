@@ -175,7 +175,7 @@ class _Run:
             self.private = PrivateTraining(self.model, self.optimizer, config, steps_per_epoch=self.steps_per_epoch,
                                            total_steps=self.total,
                                            train_examples=int(self.task.describe()["train_examples"]),
-                                           device=runtime.device)
+                                           example=self.task.first_batch(), device=runtime.device)
             self.net, self.optimizer = self.private.net, self.private.optimizer
         self.watch = CollapseWatch(self.model, config.collapse_patience)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
@@ -333,7 +333,7 @@ class _Run:
                         self.outcome = Outcome("diverged", self.epoch, self.step,
                                                reason or "the training loss diverged on another process")
                         break
-                    self._update(loss)
+                    self._update(loss, empty=self.private is not None and float(stats["n"]) == 0)
                     for k, v in stats.items():
                         self.partial[k] = self.partial.get(k, 0) + v.detach()
                     self.batch, self.step = i + 1, self.step + 1
@@ -370,9 +370,11 @@ class _Run:
             return f"training loss {value:.4g} exceeds max_loss={self.config.max_loss:g} {where}"
         return ""
 
-    def _update(self, loss: Tensor) -> None:
+    def _update(self, loss: Tensor, empty: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if empty:  # dp: a Poisson batch with no example: no per-example gradient, only the noise
+            self.private.empty_batch()
         cfg = self.config
         if cfg.clip == "agc":  # the zero-started tensors by the global norm (grad_clip; 0 leaves them unclipped)
             self.scaler.unscale_(self.optimizer)

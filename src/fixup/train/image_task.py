@@ -149,11 +149,11 @@ class ImageClassification:
     # -- loss and evaluation ---------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor | None]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y, targets = batch
+        if not y.numel():  # an empty Poisson batch (dp): no forward, a zero loss; the engine still takes the noisy step
+            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            return zero, {"loss": zero.detach(), "acc": zero.detach(), "n": zero.detach()}
         logits = model(x)
-        if y.numel():
-            loss = F.cross_entropy(logits, targets if targets is not None else y)
-        else:  # an empty Poisson batch (dp): no example, zero loss and gradient; the noisy step still happens
-            loss = logits.sum() * 0.0
+        loss = F.cross_entropy(logits, targets if targets is not None else y)
         with torch.no_grad():
             stats = {"loss": loss.detach().float() * y.numel(), "acc": (logits.argmax(1) == y).sum().float(),
                      "n": torch.tensor(float(y.numel()), device=y.device)}

@@ -1,7 +1,8 @@
 """Private training in the engine: DP-SGD (Abadi et al. 2016) through Opacus, used by :func:`fixup.train.fit` when
 ``config.dp`` is set. Opacus is imported here only, and only then: the engine imports without it.
 
-What a private run does, per optimiser step (the Sampled Gaussian Mechanism, as Opacus's ``make_private`` sets it
+Before training, :func:`prepare_model` makes the model ready for Opacus's hooks (:mod:`fixup.private`). What a
+private run does, per optimiser step (the Sampled Gaussian Mechanism, as Opacus's ``make_private`` sets it
 up): the task draws the batch by Poisson sampling (each training example independently with probability
 ``q = 1 / steps_per_epoch``, :func:`fixup.train.task.poisson_batches`), Opacus's ``GradSampleModule`` computes
 each example's gradient, :class:`opacus.optimizers.DPOptimizer` clips each to ``max_grad_norm``, sums them, adds
@@ -27,7 +28,7 @@ from torch import nn
 from .config import TrainConfig
 from .task import seeded_generator
 
-__all__ = ["OPACUS_MISSING", "PrivateTraining", "register_grad_samplers", "require_opacus"]
+__all__ = ["OPACUS_MISSING", "PrivateTraining", "prepare_model", "require_opacus"]
 
 OPACUS_MISSING = ("dp=True needs Opacus, which is not installed: pip install 'fixup-lab[dp]' "
                   "(or pip install 'opacus>=1.5')")
@@ -42,17 +43,21 @@ def require_opacus() -> Any:
         raise ValueError(OPACUS_MISSING) from err
 
 
-def register_grad_samplers() -> None:
-    """Register Opacus grad samplers for fixup's scalar modules (Bias, Scale, Gate), where fixup provides them.
+def prepare_model(model: nn.Module, example: torch.Tensor) -> dict[str, Any]:
+    """Make ``model`` ready for Opacus in place, by :mod:`fixup.private`: the one place the engine does this.
 
-    The one place the engine does this, before the model is wrapped: fixup's ``fixup.private`` module registers
-    them when imported. Where it is absent, Opacus computes those per-example gradients with functorch instead.
+    Registers the grad samplers of fixup's scalars (Bias, Scale, Gate), then :func:`fixup.private.prepare` calls
+    shared modules once, moves ``fixup.adapt``'s hook scalars into wrappers and, from one forward pass of
+    ``example``, wraps every module whose output the code after it changes in place. Returns its report
+    (run.json); what it cannot mend is a ValueError naming it.
     """
-    try:
-        importlib.import_module("fixup.private")
-    except ModuleNotFoundError as err:
-        if err.name != "fixup.private":
-            raise
+    from ..private import prepare, register_grad_samplers
+
+    register_grad_samplers()
+    report = prepare(model, example)
+    if not report.ready:
+        raise ValueError("this model cannot train privately: " + "; ".join(report.problems))
+    return report.to_dict()
 
 
 def _check_model(model: nn.Module) -> None:
@@ -78,11 +83,13 @@ class PrivateTraining:
         steps_per_epoch: the task's batches per epoch; the sampling rate is its inverse.
         total_steps: the optimiser steps of the whole run (the budget is spread over them).
         train_examples: N, the training set's size.
+        example: a training batch's input; only its shape is used (:func:`prepare_model` runs noise of it).
         device: where the model lives (the noise generator is made there).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, *,
-                 steps_per_epoch: int, total_steps: int, train_examples: int, device: torch.device) -> None:
+                 steps_per_epoch: int, total_steps: int, train_examples: int, example: torch.Tensor,
+                 device: torch.device) -> None:
         require_opacus()
         from opacus import GradSampleModule
         from opacus.accountants import create_accountant
@@ -90,7 +97,10 @@ class PrivateTraining:
         from opacus.optimizers import DPOptimizer
 
         _check_model(model)
-        register_grad_samplers()
+        # fixup.private runs one forward pass to find in-place changes: on noise of a batch's shape, not on data
+        shape = (min(2, example.shape[0]), *example.shape[1:])
+        noise = torch.randn(shape, generator=seeded_generator(config.seed, _NOISE_KEY, 1)).to(device)
+        self.prepared = prepare_model(model, noise)
         self.config = config
         self.sample_rate = 1.0 / steps_per_epoch
         self.expected_batch_size = int(train_examples * self.sample_rate)  # as Opacus's make_private computes it
@@ -115,6 +125,13 @@ class PrivateTraining:
         self.optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=self.sample_rate))
         self._rdp_steps: dict[tuple[float, float], Any] = {}
         self._cached: tuple[tuple[tuple[Any, ...], ...], float] = ((), 0.0)  # (history, epsilon) last computed
+
+    def empty_batch(self) -> None:
+        """Give each parameter an empty set of per-example gradients, for a Poisson batch that drew no example (the
+        task skips the forward): the optimiser then steps on the noise alone, and the accountant counts the step,
+        as Opacus does for the empty batches of its own data loader."""
+        for p in self.optimizer.params:
+            p.grad_sample = p.new_zeros((0, *p.shape))
 
     @property
     def steps(self) -> int:
@@ -170,7 +187,7 @@ class PrivateTraining:
                 "noise_from": "target_epsilon" if cfg.target_epsilon > 0 else "noise_multiplier",
                 "max_grad_norm": cfg.max_grad_norm, "sample_rate": self.sample_rate,
                 "expected_batch_size": self.expected_batch_size, "total_steps": self.total_steps,
-                "secure_rng": False}
+                "secure_rng": False, "prepared": self.prepared}
 
     def summary(self) -> dict[str, Any]:
         """The settings with what was spent: ``epsilon`` at ``delta`` after ``steps`` noisy steps (result.json)."""

@@ -27,7 +27,10 @@ is the reference implementation)::
         ``loss`` is the scalar to minimise (called in train mode, under autocast when asked). ``stats``
         is a dict of detached *sums* over the batch plus ``"n"``, the number of examples (or tokens)
         they are summed over, e.g. ``{"loss": loss.detach() * B, "acc": correct, "n": B}``. The engine
-        adds them up over the epoch and the processes and reports ``train_<key> = sum / n``.
+        adds them up over the epoch and the processes and reports ``train_<key> = sum / n``. Under
+        ``config.dp`` (private training) batches are Poisson-sampled (:func:`poisson_batches`) and may be
+        empty: then return a zero loss that depends on the parameters, without calling the model, and
+        ``n`` 0; the engine takes the step on the noise alone.
 
     evaluate(model, shard) -> stats
         Sums over this process's part of the held-out set, the same way (``{"loss": ..., "acc": ...,
