@@ -108,6 +108,12 @@ def test_private_run_records_epsilon_everywhere(tmp_path, capsys, one_thread) ->
 
 
 @needs_opacus
+def test_the_progress_line_shows_the_epsilon_spent(capsys, one_thread) -> None:
+    fit(TrainConfig(**TINY, batch_size=512, epochs=1, dp=True, noise_multiplier=1.0), progress=True)
+    assert "epsilon=" in capsys.readouterr().err
+
+
+@needs_opacus
 @pytest.mark.parametrize("method", [{"norm": "fixup"}, {"init": "rezero"}, {"norm": "groupnorm"}])
 def test_our_resnets_train_privately(method, one_thread) -> None:
     # The engine's default model, Fixup's ResNet-8, and its ReZero and GroupNorm forms: fixup.private makes them ready.
