@@ -67,9 +67,11 @@ def _check_model(model: nn.Module) -> None:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         shown = "; ".join(str(e).strip().splitlines()[0] for e in errors[:3])
-        raise ValueError(f"this model cannot train privately ({len(errors)} problem(s): {shown}). BatchNorm mixes the "
-                         "examples of a batch, so per-example gradients are undefined: build the model without it "
-                         "(--norm fixup, --init skipinit, --init rezero, --norm groupnorm)")
+        why = (" BatchNorm mixes the examples of a batch, so per-example gradients are undefined: build the model "
+               "without it (--norm fixup, --init skipinit, --init rezero, --norm groupnorm)"
+               if "BatchNorm" in shown else "")
+        raise ValueError(f"this model cannot train privately (Opacus's validator: {len(errors)} problem(s): "
+                         f"{shown}).{why}")
 
 
 class PrivateTraining:
