@@ -262,7 +262,11 @@ def verdicts(summary: list[dict[str, Any]], epsilon: float = 8.0) -> list[dict[s
         if fx["acc_mean"] is None or gn["acc_mean"] is None:
             out.append({"arch": arch, "epsilon": epsilon, "verdict": "not measured: a route failed on every seed"})
             continue
-        low = gn["acc_ci95"][0] if gn["acc_ci95"] else gn["acc_mean"]
+        if min(fx["n"], gn["n"]) < 2:
+            out.append({"arch": arch, "epsilon": epsilon, "verdict": f"not judged: n={min(fx['n'], gn['n'])} (a 95% "
+                                                                    "interval needs two seeds or more)"})
+            continue
+        low = gn["acc_ci95"][0]
         faster = (fx["ms_per_step"] is not None and gn["ms_per_step"] is not None
                   and fx["ms_per_step"] < gn["ms_per_step"])
         out.append({"arch": arch, "epsilon": epsilon, "accurate": fx["acc_mean"] >= low, "faster": faster,
