@@ -60,7 +60,10 @@ class _Wrapper(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules[_WRAPPED], name)
+            inner = self.__dict__.get("_modules", {}).get(_WRAPPED)
+            if inner is None:
+                raise
+            return getattr(inner, name)
 
 
 def _unwrap_keys(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
