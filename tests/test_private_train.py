@@ -172,6 +172,48 @@ def test_resumed_private_run_spends_the_same_epsilon_and_trains_the_same_weights
            [{k: v for k, v in h.items() if k not in drop} for h in resumed.history]
 
 
+_FOREIGN = """import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        out += x  # in place on a hooked module's output: fixup.private must mend it
+        return self.relu(out)
+
+
+def make(num_classes, in_channels):
+    return nn.Sequential(nn.Conv2d(in_channels, 4, 3, padding=1), nn.ReLU(), Block(4), Block(4),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
+"""
+
+
+@needs_opacus
+def test_an_adapted_model_trains_privately_and_is_adapted_on_noise(tmp_path, monkeypatch, one_thread) -> None:
+    import fixup.external
+    from fixup.data import load_images
+
+    (tmp_path / "resblocks.py").write_text(_FOREIGN)
+    seen = []
+    real = fixup.external.adapt
+    monkeypatch.setattr(fixup.external, "adapt", lambda model, example, **kw: (seen.append(example),
+                                                                                real(model, example, **kw))[1])
+    result = fit(TrainConfig(adapt=f"{tmp_path / 'resblocks.py'}:make", dp=True, noise_multiplier=1.0,
+                             batch_size=128, max_updates=2, device="cpu"), progress=False)
+    assert result.outcome.status == "completed" and result.privacy["steps"] == 2
+    assert result.privacy["prepared"]["ready"] and result.privacy["prepared"]["fresh"]  # the in-place add, mended
+    first_two, _ = load_images("digits").train.batch(torch.tensor([0, 1]))
+    assert len(seen) == 1 and seen[0].shape == first_two.shape
+    assert not torch.equal(seen[0], first_two.float())  # not the training images: noise of their shape
+    assert abs(float(seen[0].mean())) < 0.5 and 0.5 < float(seen[0].std()) < 1.5
+
+
 @needs_opacus
 def test_a_foreign_batchnorm_model_is_refused_with_the_reason(tmp_path, one_thread) -> None:
     module = tmp_path / "bnmodel.py"
