@@ -136,7 +136,8 @@ def test_the_seams_have_no_import_cycle(a: str, b: str) -> None:
 def test_config_is_written_by_section_and_reads_both_layouts(tmp_path: Path) -> None:
     cfg = TrainConfig(depth=8, lr=0.05, image_size=16, label_smoothing=0.1, device="cpu")
     data = cfg.to_dict()
-    assert list(data) == list(SECTIONS) == ["network", "data", "images", "optimisation", "regularisation", "run"]
+    assert list(data) == list(SECTIONS) == ["network", "data", "images", "optimisation", "regularisation", "privacy",
+                                                                                               "run"]
     assert data["images"]["image_size"] == 16 and data["optimisation"]["lr"] == 0.05
     assert "image_size" not in data["data"] and "lr" not in data["images"]
     assert TrainConfig.from_dict(data) == cfg

@@ -3,8 +3,10 @@
 Every config field is an option (``scalar_lr_mult`` -> ``--scalar-lr-mult``; booleans take
 ``--x/--no-x``; ``--betas 0.9 0.98``; ``--milestones 0.5 0.75``; ``--extra '{"k": 1}'``) whose help is
 the field's comment. ``--config PATH`` starts from a saved config.json. Unknown options are an error.
-Exit codes: 0 completed, 3 diverged, 5 collapsed, 2 bad options or input, 130 / 143 stopped by SIGINT /
-SIGTERM (a checkpoint of the last finished step is kept in --out-dir; the same command resumes it).
+``--dp`` trains privately (DP-SGD through Opacus: ``--target-epsilon 8`` or ``--noise-multiplier``, ``--delta``,
+``--max-grad-norm``; needs ``pip install 'fixup-lab[dp]'``). Exit codes: 0 completed, 3 diverged, 5 collapsed,
+2 bad options or input, 130 / 143 stopped by SIGINT / SIGTERM (a checkpoint of the last finished step is kept in
+--out-dir; the same command resumes it).
 """
 
 from __future__ import annotations
@@ -145,6 +147,12 @@ def _train(args: argparse.Namespace) -> int:
                        for g in result.param_groups)
     print(f"parameter groups: {groups}")
     print("recipe: " + "; ".join(result.recipe.get("notes", [])))
+    if result.privacy:
+        pv = result.privacy
+        print(f"privacy: epsilon {pv['epsilon']:.3f} spent at delta {pv['delta']:g} after {pv['steps']} noisy steps "
+              f"({pv['accountant']} accountant; noise multiplier {pv['noise_multiplier']:.4g} from "
+              f"{pv['noise_from']}, per-example clipping at {pv['max_grad_norm']:g}, Poisson sampling at rate "
+              f"{pv['sample_rate']:.4g}, expected batch {pv['expected_batch_size']})")
     if args.out_dir:
         print(f"run folder: {args.out_dir} (parameters of each group in run.json)")
     if args.json:

@@ -1,6 +1,6 @@
 """The typed training configuration: one dataclass in sections, one comment per field, units where they apply.
 
-The sections (network, data, images, optimisation, regularisation, run) are dataclasses of their own;
+The sections (network, data, images, optimisation, regularisation, privacy, run) are dataclasses of their own;
 :class:`TrainConfig` combines them, so code reads ``config.lr`` while config.json groups the
 fields by section and image-only options stay apart from the rest (``fixup translate`` leaves them
 out). Every field becomes a ``fixup train`` option (``lr`` -> ``--lr``, ``scalar_lr_mult`` ->
@@ -21,14 +21,15 @@ from typing import Any
 from .._devices import check_device_name
 from ..method import resolve_method
 
-__all__ = ["CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS", "DataOptions",
-           "ImageOptions", "ModelOptions", "OptimisationOptions", "RegularisationOptions", "RunOptions", "TrainConfig",
-           "flatten", "section_fields"]
+__all__ = ["ACCOUNTANTS", "CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS",
+           "DataOptions", "ImageOptions", "ModelOptions", "OptimisationOptions", "PrivacyOptions",
+           "RegularisationOptions", "RunOptions", "TrainConfig", "flatten", "section_fields"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 CLIPS = ("auto", "norm", "agc", "none")
+ACCOUNTANTS = ("rdp", "prv")  # Opacus's privacy accountants: Renyi DP (Mironov 2017), PRV (Gopi et al. 2021)
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
 # watched or fed, never what it computes.
@@ -167,6 +168,18 @@ class RegularisationOptions:
 
 
 @dataclass
+class PrivacyOptions:
+    """Differentially private training (DP-SGD, Abadi et al. 2016) through Opacus: fixup.train.private."""
+
+    dp: bool = False  # train with DP-SGD: Poisson-sampled batches, per-example clipping, Gaussian noise (needs opacus)
+    target_epsilon: float = 0.0  # the epsilon spent by the end of training; the noise is solved from it (0 = unset)
+    noise_multiplier: float = 0.0  # the noise's std per unit of max_grad_norm, used when target_epsilon is 0
+    delta: float = 1e-5  # the delta of (epsilon, delta)-DP; keep it below 1 / training examples
+    max_grad_norm: float = 1.0  # clip each example's gradient to this L2 norm (replaces the engine's clip under dp)
+    accountant: str = "rdp"  # rdp (Renyi DP) | prv (privacy loss random variables, tighter, slower)
+
+
+@dataclass
 class RunOptions:
     """How the run is carried out and kept: numerics, seed, device, checkpoints, logs, task-specific extras."""
 
@@ -188,7 +201,7 @@ class RunOptions:
 # The sections, in the order config.json and `fixup train --help` show them.
 SECTIONS: dict[str, type] = {"network": ModelOptions, "data": DataOptions, "images": ImageOptions,
                              "optimisation": OptimisationOptions, "regularisation": RegularisationOptions,
-                             "run": RunOptions}
+                             "privacy": PrivacyOptions, "run": RunOptions}
 
 
 def section_fields(section: str) -> tuple[str, ...]:
@@ -197,11 +210,12 @@ def section_fields(section: str) -> tuple[str, ...]:
 
 
 @dataclass
-class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageOptions, DataOptions, ModelOptions):
+class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, OptimisationOptions, ImageOptions, DataOptions,
+                  ModelOptions):
     """Everything that decides what a training run computes (defaults: Fixup ResNet-20 on digits).
 
     The fields come in sections (:data:`SECTIONS`: network, data, images, optimisation, regularisation,
-    run), each its own dataclass; a config reads flat (``config.lr``) and is written by section
+    privacy, run), each its own dataclass; a config reads flat (``config.lr``) and is written by section
     (:meth:`to_dict`, config.json). :meth:`from_dict` reads both layouts, so older flat files still load.
     """
 
@@ -238,7 +252,7 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
             if not all(math.isfinite(v) for v in (values if isinstance(values, tuple) else (values,))):
                 raise ValueError(f"{name} must be a finite number, got {values}")
         choices = {"clip": CLIPS, "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "precision": PRECISIONS,
-                   "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad")}
+                   "hflip": ("on", "off", "auto"), "resize": ("interpolate", "pad"), "accountant": ACCOUNTANTS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {', '.join(allowed)}")
@@ -298,7 +312,57 @@ class TrainConfig(RunOptions, RegularisationOptions, OptimisationOptions, ImageO
                              "--warmup-steps 4000) or decay_period > 0 (no warm-up, sqrt(P / (P + step)) from the "
                              f"first step: T-Fixup's), got warmup_steps={self.warmup_steps}, "
                              f"decay_period={self.decay_period}")
+        self._validate_privacy()
         return self
+
+    def _validate_privacy(self) -> None:
+        """The privacy options: a budget or a noise, and nothing that mixes examples or leaves them unaccounted."""
+        given = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(PrivacyOptions)
+                 if f.name != "dp" and getattr(self, f.name) != f.default]
+        if not self.dp:
+            if given:
+                raise ValueError(f"{', '.join(given)} set without dp; add --dp (dp=True) to train privately, or drop "
+                                 "the privacy options")
+            return
+        if self.target_epsilon < 0 or self.noise_multiplier < 0:
+            raise ValueError(f"target_epsilon and noise_multiplier must be >= 0, got {self.target_epsilon} and "
+                             f"{self.noise_multiplier}")
+        if (self.target_epsilon > 0) == (self.noise_multiplier > 0):
+            raise ValueError("dp=True needs exactly one of target_epsilon (e.g. --target-epsilon 8: the noise is "
+                             "solved from it) or noise_multiplier (e.g. --noise-multiplier 1.0: epsilon follows); "
+                             f"got target_epsilon={self.target_epsilon}, noise_multiplier={self.noise_multiplier}")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"delta must lie strictly between 0 and 1 (e.g. 1e-5), got {self.delta}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 (each example's gradient is clipped to it), got "
+                             f"{self.max_grad_norm}")
+        refused = (
+            (self.norm == "batchnorm",
+             "norm='batchnorm' cannot train privately: BatchNorm mixes the examples of a batch, so per-example "
+             "gradients are undefined. Train without it: --norm fixup (the default), --init skipinit, --init rezero, "
+             "--init nf_resnet, or --norm groupnorm / layernorm"),
+            (self.sync_bn, "sync_bn=True converts BatchNorm, which dp refuses; drop --sync-bn"),
+            (resolve_method(self.norm or None, self.init or None).needs_data,
+             f"init={self.init!r} initialises from a batch of training images, which the privacy accounting does not "
+             "cover; choose a data-independent method (fixup, skipinit, rezero, nf_resnet)"),
+            (self.mixup_alpha > 0,
+             f"mixup_alpha={self.mixup_alpha} mixes the examples of a batch, so an example's gradient depends on "
+             "others and clipping it bounds nothing; set --mixup-alpha 0 under dp"),
+            (self.clip in ("norm", "agc"),
+             f"clip={self.clip!r}: under dp each example's gradient is clipped to max_grad_norm, which replaces the "
+             "engine's clipping; leave --clip auto (or none) and set --max-grad-norm"),
+            (self.precision != "fp32",
+             f"precision={self.precision!r} is not supported under dp (fp16's loss scaling would scale what the "
+             "per-example clipping bounds; bf16 is untested with Opacus); use --precision fp32"),
+            (self.checkpoint_segments > 0,
+             "checkpoint_segments recomputes forwards during backward, which runs Opacus's per-example hooks twice; "
+             "set --checkpoint-segments 0 under dp"),
+            (self.task != "images", f"task={self.task!r}: private training is implemented for image classification "
+                                    "only"),
+        )
+        for bad, reason in refused:
+            if bad:
+                raise ValueError(reason)
 
     def __post_init__(self) -> None:
         with contextlib.suppress(ValueError, TypeError):  # an init that names no method: validate() says so

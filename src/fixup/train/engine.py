@@ -9,7 +9,9 @@ ends as ``collapsed``; see :mod:`fixup.train.collapse`). Per epoch: metrics redu
 evaluation, the distribution of the method's scalars (:mod:`fixup.train.scalars`; also once at
 initialisation, as epoch 0), the run folder and an atomic checkpoint. SIGINT/SIGTERM finish the current step, write a
 checkpoint of the exact position and end the run as ``interrupted``; calling :func:`fit` again with the
-same ``out_dir`` continues bit-exactly.
+same ``out_dir`` continues bit-exactly. Under ``config.dp`` the model, the optimiser and the batches are those of
+private training (:mod:`fixup.train.private`): per-example clipping and noise replace the clipping above, and the
+epsilon spent is in the progress line, each epoch's record, run.json, result.json and the checkpoint.
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ class _Run:
             from ..perf.checkpointing import enable_checkpointing
 
             enable_checkpointing(model, config.checkpoint_segments)
+        if config.dp and runtime.distributed:
+            raise ValueError("dp=True is implemented for one process; run without torchrun (Opacus's distributed "
+                             "Poisson sampling is not wired into the engine)")
         if runtime.distributed:  # the same model everywhere (DDP broadcasts it), independent dropout per process
             torch.manual_seed(config.seed + 1_000_003 * runtime.shard.rank)
         self.net = D.wrap_model(model, runtime, config.sync_bn)
@@ -163,6 +168,15 @@ class _Run:
         if config.max_updates:
             self.total = min(self.total, config.max_updates)
         self.scheduler = build_scheduler(self.optimizer, self.total, config)
+        self.private: Any = None  # fixup.train.private.PrivateTraining under dp
+        if config.dp:  # Opacus wraps the model (per-example gradients) and the optimiser (clipping, noise)
+            from .private import PrivateTraining
+
+            self.private = PrivateTraining(self.model, self.optimizer, config, steps_per_epoch=self.steps_per_epoch,
+                                           total_steps=self.total,
+                                           train_examples=int(self.task.describe()["train_examples"]),
+                                           example=self.task.first_batch(), device=runtime.device)
+            self.net, self.optimizer = self.private.net, self.private.optimizer
         self.watch = CollapseWatch(self.model, config.collapse_patience)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
         self.epoch, self.batch, self.step = 0, 0, 0
@@ -192,7 +206,8 @@ class _Run:
                 "position": {"epoch": self.epoch, "batch": self.batch, "step": self.step},
                 "partial": {k: v.detach().cpu() for k, v in self.partial.items()}, "history": self.history,
                 "scalars": self.scalars,
-                "outcome": None if self.outcome is None else self.outcome.to_dict()}
+                "outcome": None if self.outcome is None else self.outcome.to_dict(),
+                **({"privacy": self.private.state_dict()} if self.private is not None else {})}
 
     def _save(self) -> bool:
         """Write the checkpoint (main process); a model with non-finite weights never replaces a good one."""
@@ -246,6 +261,9 @@ class _Run:
                 self.outcome = Outcome(**state["outcome"])
             field = "rng"
             set_rng_state(state["rng"])
+            if self.private is not None:  # the accountant's history and the noise generator
+                field = "privacy"
+                self.private.load_state_dict(state["privacy"])
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as err:
             # two lines: load_state_dict's first only says "Error(s) in loading state_dict"; the second names the tensor
             first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:200]
@@ -261,6 +279,8 @@ class _Run:
                     "device": str(self.runtime.device), "steps_per_epoch": self.steps_per_epoch,
                     "total_steps": self.total, "parameters": sum(p.numel() for p in self.model.parameters()),
                     "recipe": self.recipe.to_dict()}
+        if self.private is not None:
+            run_info["privacy"] = self.private.describe()
         report = getattr(self.model, "init_report", None)
         if report is not None:
             run_info["init_report"] = report.to_dict()
@@ -273,7 +293,8 @@ class _Run:
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
                                  None if self.out_dir is None else str(self.out_dir), self.model,
                                  already_ended=self.already_ended, stopped_by=self.stopped_by,
-                                 scalars=self.scalars, recipe=self.recipe.to_dict())
+                                 scalars=self.scalars, recipe=self.recipe.to_dict(),
+                                 privacy=self.private.summary() if self.private is not None else {})
             log.write_history(self.history)
             log.write_scalars(self.scalars)
             log.write_result(result.to_dict())
@@ -312,7 +333,7 @@ class _Run:
                         self.outcome = Outcome("diverged", self.epoch, self.step,
                                                reason or "the training loss diverged on another process")
                         break
-                    self._update(loss)
+                    self._update(loss, empty=self.private is not None and float(stats["n"]) == 0)
                     for k, v in stats.items():
                         self.partial[k] = self.partial.get(k, 0) + v.detach()
                     self.batch, self.step = i + 1, self.step + 1
@@ -336,7 +357,8 @@ class _Run:
                     self._save()
                     break
                 self._end_epoch(log, started, n_epochs)
-                bar.set_postfix({k: f"{v:.4g}" for k, v in self.history[-1].items() if k.startswith(("test_", "lr"))})
+                bar.set_postfix({k: f"{v:.4g}" for k, v in self.history[-1].items()
+                                 if k.startswith(("test_", "lr", "epsilon"))})
         finally:
             bar.close()
 
@@ -348,9 +370,11 @@ class _Run:
             return f"training loss {value:.4g} exceeds max_loss={self.config.max_loss:g} {where}"
         return ""
 
-    def _update(self, loss: Tensor) -> None:
+    def _update(self, loss: Tensor, empty: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if empty:  # dp: a Poisson batch with no example: no per-example gradient, only the noise
+            self.private.empty_batch()
         cfg = self.config
         if cfg.clip == "agc":  # the zero-started tensors by the global norm (grad_clip; 0 leaves them unclipped)
             self.scaler.unscale_(self.optimizer)
@@ -367,6 +391,8 @@ class _Run:
         n = float(self.partial.get("n", 1.0))
         shown = {k: f"{float(v) / n:.4g}" for k, v in self.partial.items() if k != "n"}
         shown["lr"] = f"{self.optimizer.param_groups[0]['lr']:.3g}"
+        if self.private is not None:
+            shown["epsilon"] = f"{self.private.progress_epsilon(self.steps_per_epoch // 4):.3g}"
         return shown
 
     def _end_epoch(self, log: RunLog, started: float, n_epochs: int) -> None:
@@ -380,6 +406,8 @@ class _Run:
         if (self.epoch + 1) % self.config.eval_every == 0 or last:
             record.update(self._evaluate())
         record.update(self.watch.record())
+        if self.private is not None:  # the budget spent by the end of this epoch, at config.delta
+            record["epsilon"] = self.private.epsilon()
         if self.scaler.is_enabled():  # fp16: the gradient scaler's loss scale, halved at each skipped step
             record["loss_scale"] = float(self.scaler.get_scale())
         record["time_s"] = time.perf_counter() - started

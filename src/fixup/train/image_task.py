@@ -3,7 +3,9 @@
 Batches are ``(images, labels, soft_targets_or_None)``: images normalised ``(B, C, H, W)``, labels
 ``(B,)`` (under Mixup, the label with the larger weight), and soft targets ``(B, K)`` when Mixup or
 label smoothing is on. Augmentation runs on whole batches with a generator seeded by
-``(seed, epoch, rank)``, so an epoch's stream is reproducible and resumable at any step.
+``(seed, epoch, rank)``, so an epoch's stream is reproducible and resumable at any step. Under ``dp``
+(private training, :mod:`fixup.train.private`) the batches are Poisson-sampled from a generator seeded the same way,
+and may be empty.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch.utils.data import DataLoader
 from ..data import ImageData, TensorImages, load_images, normalize, random_crop, random_flip
 from .config import TrainConfig
 from .regularisers import cutout, mixup, soft_targets
-from .task import Shard, seeded_generator, shard_order
+from .task import Shard, poisson_batches, seeded_generator, shard_order
 
 __all__ = ["ImageClassification"]
 
@@ -28,6 +30,8 @@ __all__ = ["ImageClassification"]
 # Komodakis 2016; DeVries & Taylor 2017 add only Cutout); digits are too small to crop.
 _CROP = {"digits": 0, "cifar10": 4, "cifar100": 4, "svhn": 0, "folder": 4}
 _FLIP = {"digits": False, "cifar10": True, "cifar100": True, "svhn": False, "folder": True}
+_POISSON_KEY = 0x706F6973  # separates the Poisson sampler's generator from augmentation's ("pois")
+_ADAPT_KEY = 0x61646170  # the generator of the stand-in images fixup.adapt measures under dp ("adap")
 
 
 class ImageClassification:
@@ -80,6 +84,8 @@ class ImageClassification:
         method = config.init or ("fixup" if config.norm == "fixup" else "")
         if method:
             example, _ = next(self._load(self.data.train, [[0, 1]]))
+            if config.dp:  # no training image may shape the model outside the accounting: noise of their shape
+                example = torch.randn(example.shape, generator=seeded_generator(config.seed, _ADAPT_KEY))
             model, _ = adapt(model, example, method=method)
         return model
 
@@ -98,7 +104,13 @@ class ImageClassification:
     def _load(self, dataset: Any, batches: list[list[int]]) -> Iterator[tuple[Tensor, Tensor]]:
         if isinstance(dataset, TensorImages):
             for idx in batches:
-                yield dataset.batch(torch.tensor(idx))
+                yield dataset.batch(torch.tensor(idx, dtype=torch.long))
+            return
+        if any(not idx for idx in batches):  # Poisson sampling (dp) can draw an empty batch: DataLoader cannot
+            shape = next(self._load(dataset, [[0]]))[0].shape[1:]
+            for idx in batches:
+                yield (next(self._load(dataset, [idx])) if idx else
+                       (torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long)))
             return
         # Files are decoded in worker processes; all randomness stays in this process.
         yield from DataLoader(dataset, batch_sampler=batches, num_workers=self.config.num_workers,
@@ -106,9 +118,13 @@ class ImageClassification:
 
     def train_batches(self, epoch: int, shard: Shard) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
         cfg, data = self.config, self.data
-        order = shard_order(len(data.train), epoch, cfg.seed, shard)
-        b = self._per_rank_batch(shard)
-        batches = [order[i:i + b] for i in range(0, len(order), b)][: self.steps_per_epoch(shard)]
+        if cfg.dp:  # each example in each batch with probability 1 / steps (the privacy accounting assumes it)
+            batches = poisson_batches(len(data.train), self.steps_per_epoch(shard),
+                                      seeded_generator(cfg.seed, epoch, shard.rank, _POISSON_KEY))
+        else:
+            order = shard_order(len(data.train), epoch, cfg.seed, shard)
+            b = self._per_rank_batch(shard)
+            batches = [order[i:i + b] for i in range(0, len(order), b)][: self.steps_per_epoch(shard)]
         gen = seeded_generator(cfg.seed, epoch, shard.rank)
         for x, y in self._load(data.train, batches):
             if self.crop:
@@ -133,6 +149,9 @@ class ImageClassification:
     # -- loss and evaluation ---------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor, Tensor | None]) -> tuple[Tensor, dict[str, Tensor]]:
         x, y, targets = batch
+        if not y.numel():  # an empty Poisson batch (dp): no forward, a zero loss; the engine still takes the noisy step
+            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            return zero, {"loss": zero.detach(), "acc": zero.detach(), "n": zero.detach()}
         logits = model(x)
         loss = F.cross_entropy(logits, targets if targets is not None else y)
         with torch.no_grad():

@@ -4,9 +4,10 @@ A :class:`fixup.Method` row may prescribe part of how it is trained: ``Method.cl
 gradient clipping, Brock et al. 2021b, section 4.1) and ``Method.warmup`` (T-Fixup trains without warm-up,
 Huang et al. 2020, section 3). :func:`apply_recipe` turns a config into the one the engine runs: ``clip="auto"``
 (the default) becomes the method's clipping, or the engine's global-norm clipping where the method prescribes
-none; an explicit ``clip`` wins. The :class:`Recipe` says what was applied and why; the run log (run.json) and
-the result (``TrainResult.recipe``) carry it. :func:`recipe_defaults` gives a recipe's starting values (the
-translation recipes) what the method changes in them, so that only options given explicitly override the method.
+none; an explicit ``clip`` wins. Under ``dp`` the per-example clipping of private training replaces them all.
+The :class:`Recipe` says what was applied and why; the run log (run.json) and the result (``TrainResult.recipe``)
+carry it. :func:`recipe_defaults` gives a recipe's starting values (the translation recipes) what the method
+changes in them, so that only options given explicitly override the method.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Recipe:
 
     method: str  # the method of fixup.METHODS the config resolves to
     clip: str  # the gradient clipping the engine applies: norm | agc | none
-    clip_from: str  # "method" (its recipe), "explicit" (the config's clip) or "default" (the engine's, clip=auto)
+    clip_from: str  # "method" (its recipe), "explicit" (the config's clip), "default" (the engine's, clip=auto) or
+    # "dp" (private training: the per-example clipping replaces the engine's)
     warmup_steps: int  # the warm-up the run has
     warmup_from: str  # "method" (its recipe has none) or "explicit" (the config's warmup_steps)
     notes: tuple[str, ...]  # one sentence per choice: what was applied and why
@@ -47,7 +49,12 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
     """The config the engine runs (``clip`` made concrete) and the :class:`Recipe` saying what was applied and why."""
     method = config_method(config)
     name = method.name
-    if config.clip == "auto" and method.clip:
+    if config.dp:  # validate() refused an explicit norm/agc clip under dp
+        clip, clip_from = "none", "dp"
+        replaced = f"{name}'s recipe ({method.clip})" if method.clip else "the engine's global-norm clipping"
+        clip_note = (f"clip=none: under dp each example's gradient is clipped to max_grad_norm "
+                     f"{config.max_grad_norm:g} before the noise is added (Opacus), in place of {replaced}")
+    elif config.clip == "auto" and method.clip:
         clip, clip_from = method.clip, "method"
         clip_note = f"clip={clip}: {name}'s recipe, {_CLIP_SOURCES[clip]} (clip=auto)"
     elif config.clip == "auto":

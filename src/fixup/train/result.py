@@ -71,6 +71,8 @@ class TrainResult:
     scalars: list[dict[str, Any]] = field(default_factory=list)
     # What the engine applied of the method's own recipe and why (fixup.train.recipe.Recipe.to_dict()).
     recipe: dict[str, Any] = field(default_factory=dict)
+    # Private training (dp): the mechanism's settings and the epsilon spent at delta (PrivateTraining.summary()).
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -92,4 +94,5 @@ class TrainResult:
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": self.outcome.to_dict(), "final": self.final, "history": self.history,
                 "config": self.config, "param_groups": self.param_groups, "task": self.task, "out_dir": self.out_dir,
-                "scalars": self.scalars, "recipe": self.recipe}
+                "scalars": self.scalars, "recipe": self.recipe,
+                **({"privacy": self.privacy} if self.privacy else {})}

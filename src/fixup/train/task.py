@@ -27,7 +27,10 @@ is the reference implementation)::
         ``loss`` is the scalar to minimise (called in train mode, under autocast when asked). ``stats``
         is a dict of detached *sums* over the batch plus ``"n"``, the number of examples (or tokens)
         they are summed over, e.g. ``{"loss": loss.detach() * B, "acc": correct, "n": B}``. The engine
-        adds them up over the epoch and the processes and reports ``train_<key> = sum / n``.
+        adds them up over the epoch and the processes and reports ``train_<key> = sum / n``. Under
+        ``config.dp`` (private training) batches are Poisson-sampled (:func:`poisson_batches`) and may be
+        empty: then return a zero loss that depends on the parameters, without calling the model, and
+        ``n`` 0; the engine takes the step on the noise alone.
 
     evaluate(model, shard) -> stats
         Sums over this process's part of the held-out set, the same way (``{"loss": ..., "acc": ...,
@@ -61,7 +64,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["TASKS", "Shard", "Task", "create_task", "move_to", "seeded_generator", "shard_order"]
+__all__ = ["TASKS", "Shard", "Task", "create_task", "move_to", "poisson_batches", "seeded_generator", "shard_order"]
 
 # Task kinds by name: "module:factory" with factory(config) -> Task; imported only when used.
 TASKS: dict[str, str] = {
@@ -127,6 +130,18 @@ def shard_order(n: int, epoch: int, seed: int, shard: Shard, *, shuffle: bool = 
                                  seed=seed)
     sampler.set_epoch(epoch)
     return list(sampler)
+
+
+def poisson_batches(n: int, steps: int, generator: torch.Generator) -> list[list[int]]:
+    """``steps`` batches of ``range(n)`` by Poisson sampling, as Opacus's ``UniformWithReplacementSampler`` draws them.
+
+    In each batch every example is included independently with probability ``1 / steps`` (so an epoch holds
+    ``n`` examples on average; a batch may be empty). Private training needs this sampling: the privacy
+    accounting of DP-SGD (the Sampled Gaussian Mechanism) assumes it. Pass a generator seeded by
+    ``(seed, epoch, ...)`` so that an epoch's batches can be drawn again when a run resumes.
+    """
+    rate = 1.0 / steps
+    return [(torch.rand(n, generator=generator) < rate).nonzero().reshape(-1).tolist() for _ in range(steps)]
 
 
 def move_to(batch: Any, device: torch.device) -> Any:

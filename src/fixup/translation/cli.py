@@ -110,5 +110,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help=f"{comments[key]} (default: {getattr(options, key)!r})".replace("%", "%%"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(p, defaults=recipe, skip=("images",))
+    add_config_options(p, defaults=recipe, skip=("images", "privacy"))
     p.set_defaults(func=_translate)
