@@ -224,3 +224,19 @@ def test_a_rerun_resumes_every_cell_and_the_report_has_both_rows(tmp_path, monke
     report = again.report.read_text()
     assert "BatchNorm at batch 1: BatchNorm needs more than 1 value per channel" in report
     assert "| BatchNorm | — (n=0 of 2; failed 2 of 2) (lr 0.00884) |" in report
+
+
+@pytest.mark.slow
+def test_fixup_study_batch_tiny_end_to_end(tmp_path):
+    """`fixup study batch --tiny` trains its cells with the real engine, BatchNorm at batch 1 included, writes its
+    report and figure; a rerun redoes nothing."""
+    from fixup.cli import main
+
+    out = tmp_path / "batch"
+    assert main(["study", "batch", "--tiny", "--out", str(out), "--jobs", "1"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    bn1 = data["studies"]["batch"]["methods"]["batchnorm"]["1"]
+    assert bn1["test_acc"]["n"] + sum(bn1["test_acc"]["failed"].values()) == 2  # a figure or a named outcome
+    assert "## Batch size" in (out / "report.md").read_text() and (out / "figures" / "batch.png").exists()
+    assert main(["study", "batch", "--tiny", "--out", str(out), "--no-plots"]) == 0
+    assert json.loads((out / "results.json").read_text())["timing"]["cells_run"] == 0

@@ -288,7 +288,8 @@ def _protocol(grid: Grid) -> Protocol:
     g = grid.batch
     sizes = sorted(g.batch_sizes)
     model = (f"{model_label(g.model, g.depth)}, batch {sizes[0]}-{sizes[-1]}, {g.epochs} epochs of "
-             f"{train_examples(grid):,} examples at every batch size")
+             f"{train_examples(grid):,} examples at every batch size ({_steps(grid, sizes[-1]):,} steps at batch "
+             f"{sizes[-1]}, the steps below at batch {sizes[0]})")
     return Protocol(model=model, paper_model=model, data=f"{grid.describe_data()} (a fifth of the training set held "
                     "out for the rate search)" if g.val_fraction == 0.2 else grid.describe_data(),
                     steps=_steps(grid, sizes[0]), n=grid.seeds)
