@@ -421,19 +421,28 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
             if e is None:
                 cells.append("not run")
                 continue
-            lr = "" if e["lr"] is None else f" (lr {e['lr']:g}{'*' if e['edge'] else ''})"
+            lr = "" if e["lr"] is None else f" (lr {_rate(e)})"
             cells.append(_acc(Cells.from_dict(e["test_acc"])) + lr)
             notes += [f"{LABELS.get(method, method)} at batch {b}: {r}" for r in e["reasons"]]
         lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "Failed cells: " + "; ".join(dict.fromkeys(notes)) + "."]
     if {"fixup", "groupnorm"} <= set(summary["methods"]):
-        lines += ["", "Fixup against GroupNorm (GroupNorm minus Fixup, 95% interval):", "",
-                  "| batch | GroupNorm | Fixup | difference |", "|---|---|---|---|"]
+        lines += ["", "Fixup against GroupNorm: test accuracy, GroupNorm minus Fixup with its 95% interval, and each "
+                  "one's training accuracy over its last epoch (lower for Fixup too: it has not fitted the training "
+                  "set in this budget; equal: the gap is in generalisation), with each one's chosen rate (* at the "
+                  "edge of the search: a wider search might move it).", "",
+                  "| batch | GroupNorm | Fixup | difference | training accuracy, GroupNorm / Fixup | rates |",
+                  "|---|---|---|---|---|---|"]
         for b in sizes:
             fx, gn = _at(summary, "fixup", b), _at(summary, "groupnorm", b)
-            if fx is not None and gn is not None:
-                lines.append(f"| {b} | {_acc(gn)} | {_acc(fx)} | {difference_text(*_gap(gn, fx), _points)} |")
+            if fx is None or gn is None:
+                continue
+            tg, tf = _at(summary, "groupnorm", b, "train_acc"), _at(summary, "fixup", b, "train_acc")
+            rates = " / ".join(_rate(summary["methods"][m][str(b)]) for m in ("groupnorm", "fixup"))
+            train = f"{_acc(tg)} / {_acc(tf)}" if tg is not None and tf is not None else "not finished"
+            lines.append(f"| {b} | {_acc(gn)} | {_acc(fx)} | {difference_text(*_gap(gn, fx), _points)} | {train} | "
+                         f"{rates} |")
     mismatch = _mismatch(summary)
     if mismatch:
         hurt = [b for b, *_, h in mismatch if h]
@@ -457,6 +466,10 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
             cells = [f"{lr}: {Cells.from_dict(c).format(1, 100, '%')}" for lr, c in e["searched"].items()]
             lines.append(f"| {LABELS.get(method, method)} | {b} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _rate(entry: Mapping[str, Any]) -> str:
+    return "?" if entry["lr"] is None else f"{entry['lr']:g}{'*' if entry['edge'] else ''}"
 
 
 def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
