@@ -78,10 +78,16 @@ def test_the_rate_is_chosen_on_validation_and_the_test_figure_is_that_rates():
     assert entry["lr"] == mid and not entry["edge"]
     assert Cells.from_dict(entry["test_acc"]).stat.mean == pytest.approx(0.86)
     # a failed seed counts as 0 on validation: two good seeds and a divergence lose to three fair ones
-    recs = _records({("fixup", 8): {low: [(0.80, 0.8)] * 3, mid: [(0.95, 0.9), (0.95, 0.9), "diverged"],
+    recs = _records({("fixup", 8): {low: [(0.95, 0.9), (0.95, 0.9), "diverged"], mid: [(0.80, 0.8)] * 3,
                                     high: [(0.1, 0.1)] * 3}})
     entry = batch.summarise(recs, grid)["methods"]["fixup"]["8"]
-    assert entry["lr"] == low and entry["edge"] and "lr 0.025 1" in entry["why"]
+    assert entry["lr"] == mid and "lr 0.00833 1" in entry["why"]
+    # a best rate still at the edge once the search has gone on twice is marked
+    below = [float(f"{low / 3:.3g}"), float(f"{low / 9:.3g}")]
+    recs = _records({("fixup", 8): {lr: [(0.9 if lr == below[-1] else 0.5, 0.8)] * 3
+                                    for lr in (low, mid, high, *below)}})
+    entry = batch.summarise(recs, grid)["methods"]["fixup"]["8"]
+    assert entry["lr"] == below[-1] and entry["edge"]
     # ties go to the smaller rate; an unfinished rate leaves the choice open
     tie = {low: Cells(3, (0.9, 0.9, 0.9)), mid: Cells(3, (0.9, 0.9, 0.9))}
     assert batch.choose_rate(tie)[0] == low
@@ -89,6 +95,44 @@ def test_the_rate_is_chosen_on_validation_and_the_test_figure_is_that_rates():
     recs = _records({("fixup", 8): {low: [(0.8, 0.8)] * 3, mid: [(0.9, 0.9)] * 2}})
     entry = batch.summarise(recs, grid)["methods"]["fixup"]["8"]
     assert entry["lr"] is None and "not finished" in entry["why"]
+
+
+def test_the_search_goes_on_beyond_a_best_rate_at_its_edge():
+    grid = _grid("deep")
+    low, mid, high = batch.lr_grid(grid, 128)
+
+    def searched(best: float, rates=(low, mid, high)) -> dict:
+        return {lr: Cells(3, (0.9 if lr == best else 0.5,) * 3) for lr in rates}
+
+    assert batch.extension(grid, 128, searched(mid)) is None
+    assert batch.extension(grid, 128, searched(high)) == 0.9
+    assert batch.extension(grid, 128, searched(low)) == 0.0111
+    assert batch.extension(grid, 128, searched(0.9, (low, mid, high, 0.9))) == 2.7
+    assert batch.extension(grid, 128, searched(2.7, (low, mid, high, 0.9, 2.7))) is None  # twice at most
+    assert batch.extension(grid, 128, {**searched(high), mid: Cells(3, (0.5,))}) is None  # a seed not finished
+    # a summary made while the search goes on chooses no rate yet
+    recs = _records({("fixup", 128): {lr: [(0.9 if lr == high else 0.5, 0.8)] * 3 for lr in (low, mid, high)}})
+    entry = batch.summarise(recs, replace(grid, batch=replace(grid.batch, batch_sizes=(128,))))["methods"]["fixup"]
+    assert entry["128"]["lr"] is None and "goes on at lr 0.9" in entry["128"]["why"]
+
+
+def rising_cell(cell: Cell, work) -> dict:
+    """Validation accuracy rises with the rate up to 1, then the run diverges."""
+    lr = cell.setting["lr"]
+    if lr > 1:
+        return {"outcome": "diverged", "reason": "nan", "val_acc": None, "test_acc": None}
+    return {"outcome": "completed", "val_acc": 0.5 + lr / 4, "test_acc": 0.5 + lr / 4}
+
+
+def test_a_run_plans_the_extended_rates_once_the_grid_rates_finish(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch, "batch_cell", rising_cell)
+    grid = _grid("tiny", methods=("fixup",), batch_sizes=(128,), lr_factors=(1 / 3, 1, 3))
+    result = reproduce(grid, tmp_path, studies=["batch"], plots=False)
+    # 0.0333, 0.1, 0.3, then 0.9 (best at the edge), then 2.7 (diverged): 0.9 is inside, the search stops
+    assert result.cells_run == 5 * grid.seeds
+    entry = result.outputs["batch"].summary["methods"]["fixup"]["128"]
+    assert entry["lr"] == 0.9 and not entry["edge"] and sorted(map(float, entry["searched"])) == [
+        0.0333, 0.1, 0.3, 0.9, 2.7]
 
 
 def _verdicts(cells: dict, grid=None) -> dict[str, str]:

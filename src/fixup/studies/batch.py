@@ -10,8 +10,9 @@ CIFAR ResNet at each batch size of :class:`fixup.studies.grid.BatchGrid`, under 
   1, 3): square-root scaling from the paper's rate at batch 128, a small search around it. Each (method,
   batch) keeps the rate with the highest mean *validation* accuracy over its seeds (a failed seed counts
   as 0), on a fixed stratified fifth of the training set that no cell trains on; ties go to the smaller
-  rate. The test set gives the chosen rate's figures only. A rate at the edge of the searched range is
-  marked: the search may not bracket that cell's best rate.
+  rate. Where the best is the largest (smallest) rate searched, the search goes on with a rate 3 times
+  larger (smaller), at most twice each way. The test set gives the chosen rate's figures only. A rate
+  still at the edge of the searched range is marked: the search did not bracket that cell's best rate.
 - **BatchNorm at any batch is a measured row.** Where a BatchNorm layer would see a single value per
   channel in training (batch 1 on 1x1 maps), torch refuses the step; the cell records the outcome
   ``failed`` with the layer and the shape, and runs nothing. Divergence and collapse are the engine's
@@ -42,7 +43,8 @@ from .rows import model_label
 from .stats import group_records
 from .store import Store
 
-__all__ = ["EQUIVALENCE", "MARGIN", "STUDY", "batch_cell", "choose_rate", "lr_grid", "train_examples"]
+__all__ = ["EQUIVALENCE", "EXTEND", "MARGIN", "MAX_EXTENSIONS", "STUDY", "batch_cell", "choose_rate", "extension",
+           "lr_grid", "train_examples"]
 
 LABELS = {"fixup": "Fixup", "batchnorm": "BatchNorm", "groupnorm": "GroupNorm", "skipinit": "SkipInit",
           "nf_resnet": "NF-ResNet", "rezero": "ReZero"}
@@ -56,6 +58,11 @@ EQUIVALENCE = 0.01
 # the optimiser, the parameter groups, Python; fitted to timed steps of ResNet-14 on digits at batch 1 and 128),
 # which is what makes a small-batch epoch slow. For the duration estimate only.
 STEP_EXAMPLES = 26
+# Where the best rate on validation is the largest (smallest) searched, the search goes on with a rate this many
+# times larger (smaller), at most MAX_EXTENSIONS times each way: a best rate at the edge says the search has not
+# bracketed it (issue 36's quick tier: Fixup's best at batch 128 in 18 steps was the largest of the three).
+EXTEND = 3.0
+MAX_EXTENSIONS = 2
 
 
 def lr_grid(grid: Grid, batch: int) -> list[float]:
@@ -83,20 +90,47 @@ def _cost(grid: Grid, batch: int) -> float:
     return g.depth * (g.epochs * train_examples(grid) + STEP_EXAMPLES * _steps(grid, batch)) * (side / 8) ** 2
 
 
+def _cell(grid: Grid, method: str, batch: int, lr: float, seed: int) -> Cell:
+    g = grid.batch
+    train = image_train(grid, method, seed, model=g.model, depth=g.depth, lr=lr, weight_decay=g.weight_decay,
+                        batch_size=batch, epochs=g.epochs, schedule=g.schedule)
+    config = {"train": train, "val_fraction": g.val_fraction, "train_limit": g.train_limit}
+    return Cell("batch", method, {"batch": batch, "lr": lr}, seed, config=config, cost=_cost(grid, batch))
+
+
+def extension(grid: Grid, batch: int, searched: Mapping[float, Cells]) -> float | None:
+    """The next rate to search at ``batch``, or None: where every searched rate has finished and the best on
+    validation is the largest (smallest) one, a rate :data:`EXTEND` times larger (smaller), at most
+    :data:`MAX_EXTENSIONS` times each way beyond the grid's rates."""
+    chosen = choose_rate(searched)
+    if chosen is None or len(searched) < 2:
+        return None
+    base, lr = lr_grid(grid, batch), chosen[0]
+    if lr == max(searched) and sum(r > max(base) for r in searched) < MAX_EXTENSIONS:
+        return float(f"{lr * EXTEND:.3g}")
+    if lr == min(searched) and sum(r < min(base) for r in searched) < MAX_EXTENSIONS:
+        return float(f"{lr / EXTEND:.3g}")
+    return None
+
+
 def plan(grid: Grid, store: Store) -> Plan:
+    """Every (method, batch, rate, seed) of the grid, and the rates the search extends to once those finish."""
     g = grid.batch
     tasks = []
     for batch in g.batch_sizes:
-        for seed in range(grid.seeds):
-            for method in g.methods:
-                for lr in lr_grid(grid, batch):
-                    train = image_train(grid, method, seed, model=g.model, depth=g.depth, lr=lr,
-                                        weight_decay=g.weight_decay, batch_size=batch, epochs=g.epochs,
-                                        schedule=g.schedule)
-                    config = {"train": train, "val_fraction": g.val_fraction, "train_limit": g.train_limit}
-                    cell = Cell("batch", method, {"batch": batch, "lr": lr}, seed, config=config,
-                                cost=_cost(grid, batch))
-                    tasks.append(Task(cell, batch_cell))
+        for method in g.methods:
+            rates = lr_grid(grid, batch)
+            while True:
+                searched = {}
+                for lr in rates:
+                    cells = [_cell(grid, method, batch, lr, seed) for seed in range(grid.seeds)]
+                    tasks += [Task(c, batch_cell) for c in cells]
+                    done = [r["result"] for c in cells if (r := store.load(c)) is not None]
+                    searched[lr] = _cells(done, grid.seeds, "val_acc")
+                more = extension(grid, batch, searched)
+                if more is None or more in rates:
+                    break
+                rates.append(more)
     return Plan(tasks)
 
 
@@ -264,10 +298,13 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
         for lr in lr_grid(grid, batch):  # a rate of the grid with no finished cell keeps the search open
             searched.setdefault(lr, Cells(planned))
         chosen = choose_rate(searched)
+        more = extension(grid, batch, searched)
         entry: dict[str, Any] = {"searched": {f"{lr:g}": c.to_dict() for lr, c in sorted(searched.items())},
                                  "steps": _steps(grid, batch), "lr": None, "why": "the rate search is not finished",
                                  "edge": False, "test_acc": Cells(planned).to_dict(), "reasons": []}
-        if chosen is not None:
+        if more is not None:
+            entry["why"] = f"the best rate so far is at the edge of the search, which goes on at lr {more:g}"
+        elif chosen is not None:
             lr, why = chosen
             res = rates.get(lr, [])
             entry.update(lr=lr, why=why, edge=len(searched) > 1 and lr in (min(searched), max(searched)),
@@ -409,8 +446,9 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
              f"0.9, weight decay {g.weight_decay:g}, no gradient clipping but each method's own recipe (AGC for "
              f"NF-ResNet; Fixup's scalars at a tenth of the rate); the rate with the highest mean validation accuracy "
              f"(a failed seed counts as 0; ties to the smaller rate) on {g.val_fraction:.0%} of the training set held "
-             "out is kept; the test set gives that rate's figures only. * marks a rate at the edge of the searched "
-             "range. Chance is "
+             f"out is kept; where it is the largest (smallest) searched, the search goes on {EXTEND:g} times larger "
+             f"(smaller), at most {MAX_EXTENSIONS} times each way; the test set gives that rate's figures only. * "
+             "marks a rate still at the edge of the searched range. Chance is "
              f"{summary['chance']:.0%}.", "",
              "| method | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
     notes: list[str] = []

@@ -169,8 +169,8 @@ class BatchGrid:
     Every cell sees the same number of training examples (``epochs`` passes over the training part, so
     ``epochs x ceil(examples / batch)`` steps). The peak rate of each (method, batch) is searched on
     ``lr_reference * sqrt(batch / lr_reference_batch) * factor`` for each factor, and chosen by mean validation
-    accuracy on ``val_fraction`` of the training set held out; the test set is read only for the chosen rate's
-    figures (fixup.studies.batch).
+    accuracy on ``val_fraction`` of the training set held out, the search going on beyond a best rate at its edge;
+    the test set is read only for the chosen rate's figures (fixup.studies.batch).
     """
 
     model: str = "resnet_cifar"
