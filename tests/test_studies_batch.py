@@ -133,6 +133,9 @@ def test_a_run_plans_the_extended_rates_once_the_grid_rates_finish(tmp_path, mon
     entry = result.outputs["batch"].summary["methods"]["fixup"]["128"]
     assert entry["lr"] == 0.9 and not entry["edge"] and sorted(map(float, entry["searched"])) == [
         0.0333, 0.1, 0.3, 0.9, 2.7]
+    # planned again over the finished store (a rerun): every cell once, the extended ones included
+    keys = [t.cell.key for t in batch.plan(grid, Store(tmp_path)).tasks]
+    assert len(keys) == len(set(keys)) == 5 * grid.seeds
 
 
 def _verdicts(cells: dict, grid=None) -> dict[str, str]:

@@ -120,17 +120,15 @@ def plan(grid: Grid, store: Store) -> Plan:
     for batch in g.batch_sizes:
         for method in g.methods:
             rates = lr_grid(grid, batch)
-            while True:
-                searched = {}
+            searched: dict[float, Cells] = {}
+            while rates:
                 for lr in rates:
                     cells = [_cell(grid, method, batch, lr, seed) for seed in range(grid.seeds)]
                     tasks += [Task(c, batch_cell) for c in cells]
                     done = [r["result"] for c in cells if (r := store.load(c)) is not None]
                     searched[lr] = _cells(done, grid.seeds, "val_acc")
                 more = extension(grid, batch, searched)
-                if more is None or more in rates:
-                    break
-                rates.append(more)
+                rates = [more] if more is not None and more not in searched else []
     return Plan(tasks)
 
 
