@@ -167,10 +167,12 @@ def plot_against_batch(summary: Mapping[str, Any], labels: Mapping[str, str], pa
         drawn["series"][f"{method}:{key}"] = pts
     ax.axhline(chance, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
+    sizes = sorted({p["batch"] for pts in drawn["series"].values() for p in pts})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("batch size (equal examples seen at every size)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("mean ± std over seeds, each at its rate chosen on validation; x diverged, v collapsed, "
-                 "square failed (k/n, at chance)", fontsize=9)
+    ax.set_title("mean ± std, each at its rate chosen on validation\nx diverged, v collapsed, square failed "
+                 "(k/n, at chance)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, drawn)
 
