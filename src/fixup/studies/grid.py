@@ -16,8 +16,8 @@ from typing import Any
 from . import paper
 from .layout import missing_reason, resolve_full_data
 
-__all__ = ["MODES", "ORDERS", "AblationGrid", "DepthGrid", "Grid", "ImageNetGrid", "RegularisationGrid", "SvhnGrid",
-           "TheoryGrid", "TranslationGrid", "make_grid"]
+__all__ = ["MODES", "ORDERS", "AblationGrid", "BatchGrid", "DepthGrid", "Grid", "ImageNetGrid", "RegularisationGrid",
+           "SvhnGrid", "TheoryGrid", "TranslationGrid", "make_grid"]
 
 MODES = ("tiny", "quick", "deep", "full")
 # The order a run takes its cells in: "longest" first (no worker waits long on the last cell), or "cheapest"
@@ -176,6 +176,33 @@ class TranslationGrid:
 
 
 @dataclass(frozen=True)
+class BatchGrid:
+    """Test accuracy against batch size for BatchNorm and the batch-independent methods (not a study of the paper).
+
+    Every cell sees the same number of training examples (``epochs`` passes over the training part, so
+    ``epochs x ceil(examples / batch)`` steps). The peak rate of each (method, batch) is searched on
+    ``lr_reference * sqrt(batch / lr_reference_batch) * factor`` for each factor, and chosen by mean validation
+    accuracy on ``val_fraction`` of the training set held out, the search going on beyond a best rate at its edge;
+    the test set is read only for the chosen rate's figures (fixup.studies.batch).
+    """
+
+    model: str = "resnet_cifar"
+    depth: int = 14  # ResNet-14: the network of issue 36's batch-2 runs
+    methods: tuple[str, ...] = ("fixup", "batchnorm", "groupnorm", "skipinit", "nf_resnet")
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 32, 128)
+    epochs: int = 10  # the same examples at every batch size: 90 steps at batch 128, 11,500 at batch 1 on digits
+    # The rate rule: square-root scaling from the paper's 0.1 at batch 128 (linear scaling, 0.1 x B/128, gives
+    # 0.0008 at batch 1, and at batch 32 its 0.025 did not learn in 45 steps in the depth study), times each factor.
+    lr_reference: float = 0.1
+    lr_reference_batch: int = 128
+    lr_factors: tuple[float, ...] = (1 / 3, 1.0, 3.0)
+    val_fraction: float = 0.2  # of the training set, held out (stratified, fixed) to choose the rate
+    train_limit: int = 0  # train on only this many of the remaining examples (0 = all): the tiny tier's check
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+
+
+@dataclass(frozen=True)
 class TheoryGrid:
     """The scalar network and the measured first-steps Δf against depth."""
 
@@ -207,6 +234,7 @@ class Grid:
     theory: TheoryGrid = field(default_factory=TheoryGrid)
     svhn: SvhnGrid = field(default_factory=SvhnGrid)
     imagenet: ImageNetGrid = field(default_factory=ImageNetGrid)
+    batch: BatchGrid = field(default_factory=BatchGrid)
     # studies ``fixup reproduce`` leaves out in this mode, and why (``fixup study NAME`` still runs them)
     skipped: dict[str, str] = field(default_factory=dict)
     order: str = "longest"  # the order cells are run in (ORDERS)
@@ -221,10 +249,12 @@ class Grid:
 
 # The SVHN and ImageNet cells need their published files and a GPU: full mode only.
 _FULL_ONLY = {"paper_data": "SVHN and ImageNet run in full mode only (--full --data-dir D, see docs/studies.md)"}
+# The batch study is not an experiment of the paper and costs more than a tier's share: its own command runs it.
+_BATCH_OWN = {"batch": "run by its own command, fixup study batch (docs/studies.md, 'The batch-size study')"}
 
 _QUICK = dict(
     seeds=2,
-    skipped=dict(_FULL_ONLY),
+    skipped={**_FULL_ONLY, **_BATCH_OWN},
     # batch 32: one epoch of digits' 1,437 training images is 45 SGD steps (the paper's CIFAR epoch is 390).
     # The depths and epochs below keep the run under 8 minutes on an idle 2-core machine (docs/studies.md,
     # "Measured on this machine"): the deepest quick net has 130 layers (6n+4, n=21), beyond the 100 where the
@@ -249,6 +279,9 @@ _QUICK = dict(
                                 extra={"synthetic_train": 8000, "synthetic_eval": 200, "vocab_size": 500}),
     theory=TheoryGrid(measured_depths=(8, 20, 56, 110), measured_methods=("fixup", "fixup_no_depth_scale", "he"),
                       measured_step=10),
+    # `fixup study batch --quick`, its own command (not in `fixup reproduce --quick`): every method and the rate
+    # search, at four batch sizes and 2 epochs (18 steps at batch 128).
+    batch=BatchGrid(batch_sizes=(1, 4, 32, 128), epochs=2),
 )
 
 # A plateau translation cell in the image cells' unit (the quick cell: 48 s of one core for 1.2e6): the tiny
@@ -265,8 +298,8 @@ COST_PLATEAU_CELL = 1.8e7
 _DEEP = dict(
     seeds=3,
     order="cheapest",
-    skipped={**_FULL_ONLY, **{name: "not in the deep tier (fixup reproduce --quick runs it)"
-                              for name in ("regularisation", "theory")}},
+    skipped={**_FULL_ONLY, **_BATCH_OWN, **{name: "not in the deep tier (fixup reproduce --quick runs it)"
+                                            for name in ("regularisation", "theory")}},
     # fixup_batch_scaled is left out as in the quick grid (at batch 32 its rate is 0.025: it did not learn in 45 steps).
     # A collapse is called after 5 dead steps, not 20: at 10,000 layers a step is 10-20 s of one core.
     # SkipInit is not a row: in a convolutional network it builds the same network as ReZero (a scalar gate at 0
@@ -300,11 +333,13 @@ _DEEP = dict(
                                 warmup_steps=100, lr=3e-3, max_tokens=2048, beam=5, cost_per_cell=COST_PLATEAU_CELL,
                                 seeds=5, extra={"synthetic_train": 30000, "synthetic_eval": 1000, "vocab_size": 1000,
                                                 "bleu_limit": 200, "eval_updates": 50}),
+    # `fixup study batch --deep`: the batch-size study as issue 36 asks, n=3, 10 epochs at every batch size.
+    batch=BatchGrid(),
 )
 
 _TINY = dict(
     seeds=2,
-    skipped=dict(_FULL_ONLY),
+    skipped={**_FULL_ONLY, **_BATCH_OWN},
     depth=DepthGrid(model="resnet_cifar", depths=(8, 14), methods=("fixup", "batchnorm", "he"), batch_size=64,
                     batch_size_10000=64),
     ablation=AblationGrid(model="resnet_cifar", depth=8, methods=("fixup", "fixup_zero_branch"), batch_size=64,
@@ -321,6 +356,9 @@ _TINY = dict(
                                                  "decoder_layers": 1}}),
     theory=TheoryGrid(scalar_depths=(10, 100, 1000), scalar_schemes=("fixup", "unscaled"), measured_depths=(8, 20),
                       measured_methods=("fixup", "fixup_no_depth_scale"), measured_step=3),
+    # the pipeline on 64 training examples (64 steps at batch 1), one rate
+    batch=BatchGrid(depth=8, methods=("fixup", "batchnorm"), batch_sizes=(1, 32), epochs=1, lr_factors=(1.0,),
+                    train_limit=64),
 )
 
 
@@ -329,7 +367,7 @@ def make_grid(mode: str, *, data: str = "digits", data_dir: str | None = None, s
     """The grid of ``mode`` (``tiny``, ``quick`` or ``full``) on ``data``, with ``seeds`` seeds per cell."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    base = Grid(mode=mode, **{"quick": _QUICK, "tiny": _TINY, "deep": _DEEP}.get(mode, {}))
+    base = Grid(mode=mode, **{"quick": _QUICK, "tiny": _TINY, "deep": _DEEP}.get(mode, {"skipped": dict(_BATCH_OWN)}))
     least = 3 if mode in ("full", "deep") else 2
     if seeds is not None and seeds < least:
         raise ValueError(f"{mode} mode needs at least {least} seeds for a mean ± std, got --seeds {seeds}")

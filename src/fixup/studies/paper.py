@@ -209,6 +209,17 @@ CLAIMS: tuple[Claim, ...] = (
           "without the depth factor it grows with depth",
           (_fig("Δf = Θ(η) for any L with the L^(-1/(2m-2)) factor; aligned branch updates add like L",
                 "Section 2-3, Appendix B"),), "theory"),
+    # Not claims of the paper, which runs no batch-size experiment: the use the method is built for (SEEDS.md: no
+    # mini-batch statistics, "attractive where batch-dependent behaviour ... [is] problematic"), as issue 36 asks.
+    Claim("batch_independent_trains",
+          "A batch-independent network (Fixup) trains where BatchNorm cannot: at small batches it is clearly more "
+          "accurate than BatchNorm, each at its own rate",
+          (_fig("no figure: the paper runs no batch-size experiment; Fixup computes no mini-batch statistics",
+                "not in the paper: its motivation"),), "batch"),
+    Claim("fixup_groupnorm_every_batch",
+          "Fixup is on par with GroupNorm (within 1 point) at every batch size",
+          (_fig("Fixup + Mixup 21.4% = GroupNorm + Mixup 21.4% (ImageNet ResNet-101, one batch size)", "Table 2"),),
+          "batch"),
 )
 
 

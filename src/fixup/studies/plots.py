@@ -17,7 +17,8 @@ from .._plotting import pyplot
 from ._common import chance
 from .evidence import Cells
 
-__all__ = ["plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_learning_curves", "plot_loglog"]
+__all__ = ["plot_against_batch", "plot_bars", "plot_compare", "plot_curves", "plot_depth", "plot_learning_curves",
+           "plot_loglog"]
 
 _MARKERS = {"diverged": "x", "collapsed": "v"}
 
@@ -134,6 +135,46 @@ def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], pane
             drawn["series"][name][key] = pts
     for ax in axes[0]:
         ax.legend(fontsize=7)
+    return _save(fig, path, drawn)
+
+
+def plot_against_batch(summary: Mapping[str, Any], labels: Mapping[str, str], path: Path) -> Path:
+    """Test accuracy against batch size (log axis), mean ± std per method at its chosen rate, and BatchNorm with
+    batch statistics dashed; failed cells as markers at chance, with k/n."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9.0, 4.6))
+    chance = 100 * summary["chance"]
+    drawn: dict[str, Any] = {"chance": chance, "series": {}}
+    series = [(m, "test_acc", labels.get(m, m), "-") for m in summary["methods"]]
+    if "batchnorm" in summary["methods"]:
+        series.append(("batchnorm", "test_acc_batch_stats", f"{labels.get('batchnorm', 'batchnorm')}, batch statistics "
+                       "at test", "--"))
+    for i, (method, key, name, style) in enumerate(series):
+        color = f"C{i % 10}"
+        pts = [{"batch": int(b), **_point(Cells.from_dict(e[key]), 100)} for b, e in summary["methods"][method].items()
+               if key in e]
+        pts.sort(key=lambda p: p["batch"])
+        good = [p for p in pts if p["mean"] is not None]
+        label = f"{name} ({_n_label(pts)})" if pts else name
+        if good:
+            ax.errorbar([p["batch"] for p in good], [p["mean"] for p in good], yerr=[p["std"] or 0 for p in good],
+                        color=color, marker="o", ls=style, capsize=3, label=label)
+        for p in pts:
+            for outcome, k in p["failed"].items():
+                ax.scatter([p["batch"]], [chance], marker=_MARKERS.get(outcome, "s"), s=70, color=color,
+                           label=None if good else label)
+                ax.annotate(f"{k}/{p['planned']} {outcome}", (p["batch"], chance), fontsize=6, color=color,
+                            xytext=(4, 4 + 8 * i), textcoords="offset points")
+        drawn["series"][f"{method}:{key}"] = pts
+    ax.axhline(chance, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({p["batch"] for pts in drawn["series"].values() for p in pts})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size (equal examples seen at every size)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("mean ± std, each at its rate chosen on validation\nx diverged, v collapsed, square failed "
+                 "(k/n, at chance)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, drawn)
 
 

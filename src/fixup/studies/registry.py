@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from . import ablation, depth, paper_data, regularisation, theory, translation
+from . import ablation, batch, depth, paper_data, regularisation, theory, translation
 from .base import Study
 
 __all__ = ["STUDIES", "get_study"]
 
 STUDIES: dict[str, Study] = {s.name: s for s in (depth.STUDY, ablation.STUDY, regularisation.STUDY, paper_data.STUDY,
-                                                    translation.STUDY, theory.STUDY)}
+                                                    translation.STUDY, theory.STUDY, batch.STUDY)}
 
 
 def get_study(name: str) -> Study:
