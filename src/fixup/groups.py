@@ -91,7 +91,8 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         scalar_weight_decay: the scalars' decay; ``None`` means ``weight_decay``.
         stream_budget: give the stream biases one scalar's rate between them. ``None``: as the model's own
             method says where it was built with one (``fixup_paper`` has no budget), else on.
-        gate_lr_mult: the gates' rate relative to ``lr`` (their decay is the scalars').
+        gate_lr_mult: the gates' rate relative to ``lr`` (their decay is the scalars', or none where the method
+            leaves gains undecayed).
     """
     _check_module(model)
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult),
