@@ -39,7 +39,7 @@ def gate_init_(model: nn.Module, method: Method, *, generator: torch.Generator |
     if truncated and base is not None:
         raise ValueError(f"{method.name} draws every weight from a truncated normal of std 1/sqrt(fan_in), as its "
                          f"authors' code, so base={base!r} does not apply; leave base out, or use 'skipinit_he' "
-                         "(the He draw) for a standard base")
+                         "(fixup.create_model) or 'rezero' (also in fixup.adapt), which draw from a standard base")
     base = "truncated_fan_in" if truncated else model_base(model, base)
 
     def draw(layer: nn.Module | WeightSlice, lname: str, layer_mode: str) -> LayerRecord:
