@@ -24,7 +24,8 @@ def _branch_outputs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tenso
     outs: list[torch.Tensor] = []
     last = [b.layers[-1] for _, b in find_branches(model)]
     # Registered after adapt's gate hook, so it sees the gated output.
-    hooks = [m.register_forward_hook(lambda m, a, o: outs.append(o.detach())) for m in last]
+    # A clone: the model may add its shortcut in place (``out += identity``) to the very tensor the layer returned.
+    hooks = [m.register_forward_hook(lambda m, a, o: outs.append(o.detach().clone())) for m in last]
     with torch.no_grad():
         model.eval()(x)
     for h in hooks:
@@ -46,6 +47,27 @@ def test_gated_adapt_starts_every_block_as_its_shortcut_with_unscaled_weights(me
     # No scalar bias of Fixup's rule 3 was added: the scalars added are the gates.
     assert len(report.scalars_added) == report.num_branches
     assert report.trunk_rule == "lsuv" and report.stream
+
+
+@pytest.mark.parametrize("method", ["skipinit", "rezero"])
+def test_gated_adapt_removes_every_norm_without_a_bias_unless_asked(method: str) -> None:
+    """Neither paper adds a bias where the normalisation was (docs/methods.md measured the biases: no better)."""
+    model, report = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method=method)
+    assert report.norms_replaced and all(n.action == "removed" for n in report.norms_replaced)
+    assert not [m for m in model.modules() if isinstance(m, fixup.nn.Bias)]
+    assert {g["name"] for g in fixup.param_groups(model, lr=0.1)} <= {"weights", "gates", "gains_biases"}
+    biased, report = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method=method, gate_biases=True)
+    assert any(n.action == "bias" for n in report.norms_replaced)
+    assert [m for m in biased.modules() if isinstance(m, fixup.nn.Bias)]
+    with pytest.raises(ValueError, match=r"gate_biases=True applies to the gated methods"):
+        fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), gate_biases=True)
+
+
+def test_gated_adapt_draws_by_the_method_skipinit_s_classifier_at_zero() -> None:
+    si, _ = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method="skipinit")
+    rz, _ = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method="rezero")
+    [cls_si], [cls_rz] = (fixup.branch.find_classifier(m) for m in (si, rz))
+    assert not cls_si.weight.any() and cls_rz.weight.any()
 
 
 def test_skipinit_and_rezero_adapt_to_the_same_structure() -> None:

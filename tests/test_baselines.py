@@ -36,7 +36,7 @@ def test_a_method_given_a_norm_it_does_not_have_is_refused_naming_its_own(norm: 
 def test_an_unknown_init_is_refused_with_the_list() -> None:
     with pytest.raises(ValueError, match=r"does not combine.*norm='fixup' with init in .*'fixup_no_scale'.*"
                                          r"norm='none' with init in \('he', 'xavier', 'lsuv', 'sqrt2', 'skipinit', "
-                                         r"'rezero', 'nf_resnet', 'nf_resnet_skipinit', 't_fixup'\)"):
+                                         r"'skipinit_he', 'rezero', 'nf_resnet', 'nf_resnet_nozero', 't_fixup'\)"):
         fixup.create_model("resnet20", norm="fixup", init="fixup_scale_x2")
 
 

@@ -16,7 +16,7 @@ from test_adapt_zoo import _inputs, _needs
 
 # What each refusal must name: the library's builder for the method, or the methods adapt applies.
 _INSTEAD = {"nf_resnet": "create_model('resnet50', method='nf_resnet')",
-            "nf_resnet_skipinit": "create_model('resnet50', method='nf_resnet_skipinit')",
+            "nf_resnet_nozero": "create_model('resnet50', method='nf_resnet_nozero')",
             "t_fixup": "create_model('transformer_tiny', method='t_fixup')"}
 
 

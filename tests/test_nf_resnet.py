@@ -1,6 +1,8 @@
-"""NF-ResNets (Brock, De & Smith 2021): each block's input has the variance its beta says, the standardised
-convolutions have zero-mean rows of unit fan-scaled norm, the report accounts for every block, and the families
-it does not apply to refuse it."""
+"""NF-ResNets (Brock, De & Smith 2021): each block's input has the variance its beta says (the block as analysed,
+``nf_resnet_nozero``), the standardised convolutions have zero-mean rows of unit fan-scaled norm, the report
+accounts for every block, and the families it does not apply to refuse it. ``nf_resnet`` against the authors'
+released code (deepmind-research nfnets): each branch's skip gain at 0, AGC on every tensor but the classifier's
+weight with the gains clipped as vectors, gains and biases undecayed."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def test_measured_variance_of_each_block_input_follows_beta_squared(name: str, k
     seeds = range(6)
     runs = []
     for seed in seeds:
-        model = fixup.create_model(name, method="nf_resnet", generator=torch.Generator().manual_seed(seed),
+        model = fixup.create_model(name, method="nf_resnet_nozero", generator=torch.Generator().manual_seed(seed),
                                    **kwargs).eval()
         x = torch.randn(8, 3, 96, 96, generator=torch.Generator().manual_seed(100 + seed))
         runs.append(_block_input_variances(model, x))
@@ -127,7 +129,7 @@ def test_the_report_names_the_method_and_accounts_for_every_block() -> None:
     for rec in report.blocks:
         block = model.get_submodule(rec.name)
         assert [layer.name for layer in rec.layers] == [f"{rec.name}.conv{i + 1}" for i in range(3)]
-        assert (rec.shortcut is not None) == (block.projection is not None) and rec.gate is None
+        assert (rec.shortcut is not None) == (block.projection is not None) and rec.gate == f"{rec.name}.scale.scale"
     [cls] = report.classifier
     assert cls.std == CLASSIFIER_STD and float(model.fc.weight.detach().std()) == pytest.approx(CLASSIFIER_STD, rel=0.1)
     assert report.output_std == pytest.approx(math.sqrt(1.04))
@@ -135,17 +137,22 @@ def test_the_report_names_the_method_and_accounts_for_every_block() -> None:
     assert NFReport.from_dict(report.to_dict()) == report
 
 
-def test_the_skipinit_variant_starts_every_block_as_its_shortcut_with_the_gains_in_their_own_group() -> None:
-    model = fixup.create_model("resnet_cifar", depth=14, method="nf_resnet_skipinit").eval()
+def test_nf_resnet_starts_every_block_as_its_shortcut_with_the_skip_gains_at_the_weights_rate_undecayed() -> None:
+    """The authors' NF_ResNet: ``skip_gain`` initialised by ``jnp.zeros`` on every block (their default)."""
+    model = fixup.create_model("resnet_cifar", depth=14, method="nf_resnet").eval()
     gains = [m for m in model.modules() if isinstance(m, Gate)]
     assert len(gains) == len(_blocks(model)) == 6 and all(float(g.scale) == 0.0 for g in gains)
     x = torch.randn(2, 16, 16, 16)
     block = model.layer1[1]
     with torch.no_grad():
         assert torch.equal(block(x), x)
-    groups = {g["name"]: g for g in fixup.param_groups(model, lr=0.1)}
+    groups = {g["name"]: g for g in fixup.param_groups(model, lr=0.1, weight_decay=5e-4)}
     assert len(groups["gates"]["params"]) == 6 and groups["gates"]["lr"] == 0.1
+    assert groups["gates"]["weight_decay"] == 0.0
     assert all(r.gate for r in model.init_report.blocks)
+    nozero = fixup.create_model("resnet_cifar", depth=14, method="nf_resnet_nozero")
+    assert not [m for m in nozero.modules() if isinstance(m, Gate)]
+    assert not any(r.gate for r in nozero.init_report.blocks)
 
 
 def test_families_it_does_not_apply_to_refuse_it_with_what_to_do() -> None:

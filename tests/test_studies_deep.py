@@ -24,7 +24,7 @@ def test_the_deep_tier_runs_the_papers_four_depths_with_every_method_and_three_s
     assert grid.seeds == 3 and grid.order == "cheapest"
     for method in ("fixup", "fixup_paper", "batchnorm", "lsuv", "sqrt2", "he", "rezero", "nf_resnet"):
         assert method in grid.depth.methods
-    assert "skipinit" not in grid.depth.methods  # in a conv net, ReZero's network
+    assert "skipinit" not in grid.depth.methods  # when the tier ran, ReZero's network (now skipinit_he)
     assert set(grid.skipped) >= {"regularisation", "theory"} and "ablation" not in grid.skipped
     assert grid.translation.dropouts == (0.3, 0.4, 0.5, 0.6) and grid.translation.seeds == 5
     with pytest.raises(ValueError, match="at least 3 seeds"):

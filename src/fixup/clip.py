@@ -1,22 +1,28 @@
-"""Adaptive gradient clipping (AGC) for any training loop, with Fixup's zero-started tensors handled.
+"""Adaptive gradient clipping (AGC) for any training loop: the authors' rule for NF-ResNets, ours for Fixup.
 
 AGC (Brock, De, Smith & Simonyan 2021, "High-Performance Large-Scale Image Recognition Without
 Normalization", section 4.1) clips each *unit* of a weight, not the whole gradient: with ``W_i`` and
 ``G_i`` the weights and gradient of unit ``i`` (one output row of a linear layer, one output filter of a
-convolution; the whole tensor for a vector or a scalar), ``G_i`` is multiplied by
-``clipping * max(||W_i||, eps) / ||G_i||`` whenever the ratio ``||G_i|| / max(||W_i||, eps)`` exceeds
-``clipping`` (the paper's lambda), and left as it is otherwise. The floor ``eps = 1e-3`` is the paper's.
+convolution; the whole tensor for a vector or a scalar, and a weight-standardised layer's per-channel gain is a
+vector), ``G_i`` is multiplied by ``clipping * max(||W_i||, eps) / ||G_i||`` whenever the ratio
+``||G_i|| / max(||W_i||, eps)`` exceeds ``clipping`` (the paper's lambda), and left as it is otherwise. The
+floor ``eps = 1e-3`` is the paper's.
 
-**Fixup's zero-started tensors.** AGC bounds each step relative to the weight's own norm, so a tensor
-that starts at zero may move by at most ``clipping * eps`` per unit and step (1e-5 at lambda 0.01), and
-afterwards grows by a factor of about ``1 + lr * clipping`` per step: in practice it never leaves zero.
-Fixup starts the last layer of every residual branch and the classifier at zero (rule 1) and its scalar
-biases at zero (rule 3); under plain AGC its branches would stay switched off. The paper itself leaves
-the final linear layer unclipped. Here, given a model, the tensors of :func:`agc_exempt` (the last layer
-of each declared branch, the declared classifier and every Fixup scalar) are taken out of AGC and their
-gradients clipped *together* to the global norm ``exempt_max_norm`` (the rule of
-``torch.nn.utils.clip_grad_norm_``), so they learn and stay bounded. The choice is measured in
-docs/training.md ("Adaptive gradient clipping").
+Which tensors it leaves out is the model's method's rule (``Method.agc_exempt``, :func:`agc_rule`):
+
+- ``"classifier"`` (the NF-ResNets: the authors' released NFNet code): every tensor is clipped except the
+  classifier's weight, which is left unclipped (their classifier's bias is clipped, with the gains and biases).
+- ``"zero_started"`` (Fixup forms and any model without a method: ours). AGC bounds each step relative to the
+  weight's own norm, so a tensor that starts at zero may move by at most ``clipping * eps`` per unit and step
+  (1e-5 at lambda 0.01), and afterwards grows by a factor of about ``1 + lr * clipping`` per step: in practice
+  it barely leaves zero. Fixup starts the last layer of every residual branch and the classifier at zero (rule
+  1) and its scalar biases at zero (rule 3); under plain AGC its branches would stay switched off. So the
+  tensors of :func:`agc_exempt` (the last layer of each declared branch, the declared classifier and every
+  Fixup scalar) are taken out of AGC and their gradients clipped *together* to the global norm
+  ``exempt_max_norm`` (the rule of ``torch.nn.utils.clip_grad_norm_``), so they learn and stay bounded.
+
+The NF-ResNet's skip gain starts at zero too and is clipped by AGC, as in the authors' code: at a small learning
+rate it opens slowly (measured in docs/methods.md).
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from torch import Tensor, nn
 from .branch import WeightSlice, find_branches, find_classifier
 from .groups import unwrap
 from .method import Method
-from .nn import Bias, Scale
+from .nn import Bias, Scale, ScaledStdConv2d
 from .report import FixupWarning
 
-__all__ = ["AGC_CLIPPING", "AGC_EPS", "AGCStats", "adaptive_clip_grad_", "agc_exempt", "unit_norms"]
+__all__ = ["AGC_CLIPPING", "AGC_EPS", "AGCStats", "adaptive_clip_grad_", "agc_exempt", "agc_rule", "unit_norms",
+           "whole_units"]
 
 AGC_CLIPPING = 0.01  # lambda: the ratio ||G_i|| / ||W_i|| a unit may reach (Brock et al. 2021, section 4.1)
 AGC_EPS = 1e-3  # the floor of a unit's weight norm (Brock et al. 2021, section 4.1)
@@ -47,17 +54,31 @@ class AGCStats(NamedTuple):
     exempt_norm: Tensor  # global gradient norm of the exempt tensors before clipping (0 when there are none)
 
 
-def unit_norms(x: Tensor) -> Tensor:
+def unit_norms(x: Tensor, whole: bool = False) -> Tensor:
     """The Euclidean norm of each unit of ``x``, shaped to broadcast against it (float32).
 
     A unit is a slice along dim 0 (an output row of ``nn.Linear``, an output filter of ``nn.Conv*``) for
     tensors of 2 or more dimensions, and the whole tensor for vectors and scalars, as in Brock et al.
-    (2021). ``nn.ConvTranspose*`` stores its input channels along dim 0, so there a unit is an input
-    channel.
+    (2021); ``whole=True`` makes the whole tensor one unit whatever its shape (a weight-standardised layer's
+    gain, stored as ``(C, 1, 1, 1)`` to broadcast, is a vector: :func:`whole_units`). ``nn.ConvTranspose*``
+    stores its input channels along dim 0, so there a unit is an input channel.
     """
-    if x.ndim <= 1:
+    if x.ndim <= 1 or whole:
         return torch.linalg.vector_norm(x, dtype=torch.float32)
     return torch.linalg.vector_norm(x, dim=tuple(range(1, x.ndim)), keepdim=True, dtype=torch.float32)
+
+
+def whole_units(model: nn.Module) -> list[Tensor]:
+    """The parameters AGC clips as one unit although they have more than one dimension: the per-channel gains of
+    the weight-standardised convolutions (vectors in the authors' code; ours are ``(C, 1, 1, 1)``)."""
+    return [m.gain for m in unwrap(model).modules() if isinstance(m, ScaledStdConv2d)]
+
+
+def agc_rule(model: nn.Module) -> str:
+    """Which tensors AGC leaves out of ``model`` (one of :data:`fixup.method.AGC_RULES`): its method's
+    ``agc_exempt``, or ``"zero_started"`` for a model without a method of :data:`fixup.METHODS`."""
+    method = getattr(unwrap(model), "method", None)
+    return method.agc_exempt if isinstance(method, Method) else "zero_started"
 
 
 def _layer_params(layer: nn.Module | WeightSlice) -> list[Tensor]:
@@ -70,16 +91,19 @@ def _layer_params(layer: nn.Module | WeightSlice) -> list[Tensor]:
 
 
 def agc_exempt(model: nn.Module) -> list[Tensor]:
-    """The parameters :func:`adaptive_clip_grad_` leaves to the global-norm rule, found from the model's declarations.
+    """The parameters :func:`adaptive_clip_grad_` leaves out of AGC, found from the model's declarations.
 
-    They are the tensors Fixup starts at zero or that are single numbers: the weight and bias of the
-    last layer of every declared residual branch (every layer of the branch under
-    ``fixup_zero_branch``), every parameter of the declared classifier, and every
-    :class:`~fixup.nn.Bias` and :class:`~fixup.nn.Scale`. The rule is the same whatever the model's
-    normalisation, so the BatchNorm and He baselines are clipped alike. A model that declares no
-    branches and no classifier has none. Each parameter appears once, in module order.
+    Under the ``"classifier"`` rule (:func:`agc_rule`; the NF-ResNets) they are the declared classifier's
+    weights, as in the authors' code. Under ``"zero_started"`` (every other model) they are the tensors Fixup
+    starts at zero or that are single numbers: the weight and bias of the last layer of every declared residual
+    branch (every layer of the branch under ``fixup_zero_branch``), every parameter of the declared classifier,
+    and every :class:`~fixup.nn.Bias` and :class:`~fixup.nn.Scale` (gates included). That rule is the same
+    whatever the model's normalisation, so the BatchNorm and He baselines are clipped alike. A model that
+    declares no branches and no classifier has none. Each parameter appears once, in module order.
     """
     target = unwrap(model)
+    if agc_rule(target) == "classifier":
+        return [layer.weight for layer in find_classifier(target)]
     method = getattr(target, "method", None)
     every_layer = isinstance(method, Method) and method.zero_branch
     found: dict[int, Tensor] = {}
@@ -115,15 +139,16 @@ def _as_params(parameters: Iterable[Tensor] | Tensor, what: str) -> list[Tensor]
 @torch.no_grad()
 def adaptive_clip_grad_(parameters_or_model: nn.Module | Iterable[Tensor] | Tensor, clipping: float = AGC_CLIPPING,
                         eps: float = AGC_EPS, *, exempt: Iterable[Tensor] | None = None,
-                        exempt_max_norm: float | None = 1.0) -> AGCStats:
+                        exempt_max_norm: float | str | None = "auto") -> AGCStats:
     """Clip gradients in place by AGC, unit by unit; call it between ``loss.backward()`` and ``optimizer.step()``.
 
     ``fixup.adaptive_clip_grad_(model)`` is used like ``torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)``.
-    Pass the *model* (a DistributedDataParallel wrapper is looked through): from its declarations
-    :func:`agc_exempt` finds the tensors that start at zero, which plain AGC would freeze (see the module
-    docstring), and clips them together to the global norm ``exempt_max_norm`` instead. Given tensors
-    rather than a model, every tensor is clipped by AGC, as in the paper; a tensor that is all zero then
-    draws a :class:`~fixup.FixupWarning`, because it will barely move.
+    Pass the *model* (a DistributedDataParallel wrapper is looked through): its method's rule (:func:`agc_rule`)
+    and declarations say what :func:`agc_exempt` leaves out: an NF-ResNet's classifier weight, left unclipped
+    (the authors' rule), or a Fixup model's tensors that start at zero, which plain AGC would freeze (see the
+    module docstring), clipped together to the global norm ``exempt_max_norm``. Given tensors rather than a
+    model, every tensor is clipped by AGC; a tensor that is all zero then draws a :class:`~fixup.FixupWarning`,
+    because it will barely move.
 
     Args:
         parameters_or_model: a module, or the tensors to clip (those without a gradient are skipped).
@@ -132,7 +157,8 @@ def adaptive_clip_grad_(parameters_or_model: nn.Module | Iterable[Tensor] | Tens
         eps: the floor of a unit's weight norm (> 0).
         exempt: tensors to leave out of AGC, replacing :func:`agc_exempt` (``()``: AGC on everything).
         exempt_max_norm: the global norm the exempt tensors' gradients are clipped to together;
-            ``None`` or 0 leaves them unclipped.
+            ``None`` or 0 leaves them unclipped; ``"auto"``: the rule's own (unclipped under ``"classifier"``,
+            1 under ``"zero_started"``; 1 for tensors given without a model).
 
     Returns:
         :class:`AGCStats`: the fraction of units clipped and the exempt tensors' gradient norm.
@@ -140,6 +166,9 @@ def adaptive_clip_grad_(parameters_or_model: nn.Module | Iterable[Tensor] | Tens
     for name, value in (("clipping", clipping), ("eps", eps)):
         if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if exempt_max_norm == "auto":
+        rule = agc_rule(parameters_or_model) if isinstance(parameters_or_model, nn.Module) else "zero_started"
+        exempt_max_norm = None if rule == "classifier" else 1.0
     if exempt_max_norm is not None and not (isinstance(exempt_max_norm, (int, float)) and
                                             0 <= exempt_max_norm < float("inf")):
         raise ValueError(f"exempt_max_norm must be a finite number >= 0 or None (unclipped), got {exempt_max_norm!r}")
@@ -147,11 +176,12 @@ def adaptive_clip_grad_(parameters_or_model: nn.Module | Iterable[Tensor] | Tens
     if isinstance(parameters_or_model, nn.Module):
         params = list(unwrap(parameters_or_model).parameters())
         skip = agc_exempt(parameters_or_model) if exempt is None else _as_params(exempt, f"{what}(exempt=...)")
+        whole = {id(p) for p in whole_units(parameters_or_model)}
         warn_zero = False
     else:
         params = _as_params(parameters_or_model, what)
         skip = [] if exempt is None else _as_params(exempt, f"{what}(exempt=...)")
-        warn_zero = exempt is None
+        whole, warn_zero = set(), exempt is None
     skip_ids = {id(p) for p in skip}
     clipped, zero_tensors = [], []
     units = 0
@@ -160,11 +190,11 @@ def adaptive_clip_grad_(parameters_or_model: nn.Module | Iterable[Tensor] | Tens
             continue
         if p.grad.is_sparse:
             raise ValueError(f"{what} needs dense gradients; a parameter of shape {tuple(p.shape)} has a sparse one")
-        w_norm = unit_norms(p)
+        w_norm = unit_norms(p, id(p) in whole)
         if warn_zero:
             zero_tensors.append(w_norm.max() == 0)
         max_norm = clipping * w_norm.clamp_min(eps)
-        g_norm = unit_norms(p.grad)
+        g_norm = unit_norms(p.grad, id(p) in whole)
         over = g_norm > max_norm
         p.grad.mul_(torch.where(over, max_norm / g_norm.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
                     .to(p.grad.dtype))

@@ -17,6 +17,11 @@ The *gates* of SkipInit and ReZero (:class:`~fixup.nn.Gate`, one per branch, sta
 group at ``lr * gate_lr_mult``, 1 by default: both papers train the gate as an ordinary parameter, at the
 weights' rate (ReZero's authors' Transformer layers hold it as a plain ``nn.Parameter``); the group makes the
 rate visible and tunable (docs/methods.md).
+
+*Gains and biases* go undecayed where the model's method says so (``Method.decay_gains`` False: the NF-ResNets
+and SkipInit, whose authors' code exempts every gain and bias from weight decay): the weight-standardised layers'
+gains and every weight layer's bias form the ``gains_biases`` group at the weights' rate and no decay, and the
+gates (their skip gains) lose their decay too.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from typing import Any
 
 from torch import nn
 
-from .branch import find_branches
+from .branch import WEIGHT_LAYERS, find_branches
 from .method import Method
-from .nn import Bias, Gate, Scale
+from .nn import Bias, Gate, Scale, ScaledStdConv2d
 
 __all__ = ["GATE_LR_MULT", "SCALAR_LR_MULT", "param_groups", "stream_biases", "unwrap"]
 
@@ -69,11 +74,13 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
                  gate_lr_mult: float = GATE_LR_MULT) -> list[dict[str, Any]]:
     """Parameter groups for any ``torch.optim`` optimiser: ``torch.optim.SGD(param_groups(model, 0.1), momentum=0.9)``.
 
-    Returns up to four groups, each a dict with ``name``, ``params``, ``param_names``, ``lr`` and
+    Returns up to five groups, each a dict with ``name``, ``params``, ``param_names``, ``lr`` and
     ``weight_decay``: ``weights`` (every parameter that is not a scalar, at ``lr``), ``scalars``
     (biases and multipliers, at ``lr * scalar_lr_mult``), ``stream_biases`` (at
-    ``lr * scalar_lr_mult / S`` for the model's ``S`` stream biases) and ``gates`` (SkipInit's and ReZero's,
-    at ``lr * gate_lr_mult``). Empty groups are left out; frozen parameters (``requires_grad=False``) too.
+    ``lr * scalar_lr_mult / S`` for the model's ``S`` stream biases), ``gates`` (SkipInit's and ReZero's,
+    at ``lr * gate_lr_mult``) and, for a method whose gains and biases are not decayed (``Method.decay_gains``
+    False), ``gains_biases`` (at ``lr``, weight decay 0; the gates then have no decay either). Empty groups are
+    left out; frozen parameters (``requires_grad=False``) too.
 
     Args:
         model: any module (a DistributedDataParallel wrapper is looked through); anything else, such as the
@@ -84,7 +91,8 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         scalar_weight_decay: the scalars' decay; ``None`` means ``weight_decay``.
         stream_budget: give the stream biases one scalar's rate between them. ``None``: as the model's own
             method says where it was built with one (``fixup_paper`` has no budget), else on.
-        gate_lr_mult: the gates' rate relative to ``lr`` (their decay is the scalars').
+        gate_lr_mult: the gates' rate relative to ``lr`` (their decay is the scalars', or none where the method
+            leaves gains undecayed).
     """
     _check_module(model)
     for name, value in (("lr", lr), ("weight_decay", weight_decay), ("scalar_lr_mult", scalar_lr_mult),
@@ -92,9 +100,15 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     target = unwrap(model)
+    own = getattr(target, "method", None)
     if stream_budget is None:
-        own = getattr(target, "method", None)
         stream_budget = own.stream_budget if isinstance(own, Method) else True
+    undecayed = isinstance(own, Method) and not own.decay_gains
+    gains_biases = set()
+    if undecayed:
+        gains_biases = {id(m.bias) for m in target.modules() if isinstance(m, WEIGHT_LAYERS)
+                        and isinstance(getattr(m, "bias", None), nn.Parameter)}
+        gains_biases |= {id(m.gain) for m in target.modules() if isinstance(m, ScaledStdConv2d)}
     gates = {id(p) for m in target.modules() if isinstance(m, Gate) for p in m.parameters(recurse=False)}
     scalars = {id(p) for m in target.modules() if isinstance(m, (Bias, Scale)) for p in m.parameters(recurse=False)}
     stream = {id(p) for b in stream_biases(target) for p in b.parameters()} if stream_budget else set()
@@ -105,13 +119,15 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         "scalars": {"name": "scalars", "params": [], "param_names": [], "lr": scalar_lr, "weight_decay": scalar_wd},
         "stream_biases": {"name": "stream_biases", "params": [], "param_names": [],
                           "lr": scalar_lr / max(1, len(stream)), "weight_decay": scalar_wd},
-        "gates": {"name": "gates", "params": [], "param_names": [], "lr": lr * gate_lr_mult, "weight_decay": scalar_wd},
+        "gates": {"name": "gates", "params": [], "param_names": [], "lr": lr * gate_lr_mult,
+                  "weight_decay": 0.0 if undecayed else scalar_wd},
+        "gains_biases": {"name": "gains_biases", "params": [], "param_names": [], "lr": lr, "weight_decay": 0.0},
     }
     for name, p in target.named_parameters():
         if not p.requires_grad:
             continue
         key = ("gates" if id(p) in gates else "stream_biases" if id(p) in stream else "scalars" if id(p) in scalars
-               else "weights")
+               else "gains_biases" if id(p) in gains_biases else "weights")
         groups[key]["params"].append(p)
         groups[key]["param_names"].append(name)
     return [g for g in groups.values() if g["params"]]

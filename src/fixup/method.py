@@ -25,12 +25,16 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
 - ``norm="batchnorm"`` / ``"groupnorm"``: the normalised baselines, He-initialised; ``norm="layernorm"``
   (the Transformer's baseline) with Xavier, as the authors' fairseq code (section 5).
 - ``norm="none"`` with a gate: ``skipinit`` (De & Smith 2020) and ``rezero`` (Bachlechner et al. 2020), each
-  residual branch times a learnable scalar that starts at 0 (docs/methods.md says what each does and where we
-  deviate from its paper).
+  residual branch times a learnable scalar that starts at 0. ``skipinit`` draws its weights as the authors'
+  released SkipInit ResNet does (truncated normal, std 1/sqrt(fan_in); the classifier at 0); ``skipinit_he`` is
+  the variant on the He baseline's draw, ReZero's network (docs/methods.md lists every difference from the
+  authors' code).
 - ``norm="none"``, the signal-propagation schemes: ``nf_resnet`` (Brock, De & Smith 2021: scaled weight
-  standardisation and ``h + alpha * F(h / beta)`` blocks, for the ResNets; ``nf_resnet_skipinit`` adds the zero
-  gain of the authors' released models) and ``t_fixup`` (Huang et al. 2020: the Transformer without LayerNorm
-  or warm-up, its value, output and MLP weights and embeddings scaled by depth).
+  standardisation and ``h + alpha * F(h / beta)`` blocks, each branch times a skip gain that starts at 0, AGC on
+  every parameter but the classifier, gains and biases undecayed: the authors' released code, for the ResNets;
+  ``nf_resnet_nozero`` is the block as the paper analyses it, without the zero-started gain) and ``t_fixup``
+  (Huang et al. 2020: the Transformer without LayerNorm or warm-up, its value, output and MLP weights and
+  embeddings scaled by depth).
 
 Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
 (``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``, ``nf_resnet``, ``t_fixup``). To add a method, add a
@@ -44,8 +48,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_INIT", "FAMILIES", "FAN_MODES", "INITIALISERS", "METHODS", "STREAM_BIAS", "Method", "as_method",
-           "resolve_method"]
+__all__ = ["AGC_RULES", "DEFAULT_INIT", "FAMILIES", "FAN_MODES", "GATE_DRAWS", "INITIALISERS", "METHODS", "STREAM_BIAS",
+           "Method", "as_method", "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
 # Where the bias that ends each residual branch sits and how it learns:
@@ -63,6 +67,18 @@ FAMILIES = ("any", "resnet", "transformer")
 # The gradient clipping of a method's own recipe: "" (none prescribed; the engine's default applies) or "agc"
 # (adaptive gradient clipping, fixup.adaptive_clip_grad_; `fixup train --clip agc`).
 RECIPE_CLIPS = ("", "agc")
+# Which tensors adaptive gradient clipping leaves out (fixup.clip.agc_exempt):
+#   "classifier":   the classifier's weight, left unclipped; every other tensor clipped unit-wise (Brock et al.
+#                   2021b, as their released NFNet code runs it);
+#   "zero_started": the tensors Fixup starts at zero (each branch's last layer, the classifier) and every scalar,
+#                   clipped together by their global norm (ours, for Fixup forms, whose zero-started layers could
+#                   not move under AGC).
+AGC_RULES = ("classifier", "zero_started")
+# How a gated method draws its weights:
+#   "standard":         the He baseline's draw (or the model's init_base), PyTorch's default for a linear classifier;
+#   "truncated_fan_in": every weight layer from a normal truncated at 2 std, rescaled to std 1/sqrt(fan_in), the
+#                       classifier at 0 (De & Smith's released SkipInit ResNet: haiku's default initialiser).
+GATE_DRAWS = ("standard", "truncated_fan_in")
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,11 @@ class Method:
     family: str = "any"  # the model families it applies to (FAMILIES); others refuse it with a ValueError
     clip: str = ""  # the gradient clipping its recipe uses (RECIPE_CLIPS); "" = none prescribed
     warmup: bool = True  # whether its recipe may warm the learning rate up (T-Fixup's does not: False)
+    agc_exempt: str = "zero_started"  # what AGC leaves out (AGC_RULES) under clip agc, its recipe's or explicit
+    # Whether gains and biases (weight-standardised layers' gains, layer biases, gates) take weight decay; the
+    # NF-ResNet and SkipInit authors' code exempts them (param_groups' "gains_biases" group).
+    decay_gains: bool = True
+    draw: str = "standard"  # how a gated method draws its weights (GATE_DRAWS)
 
     def __post_init__(self) -> None:
         if self.initialiser not in INITIALISERS:
@@ -99,6 +120,10 @@ class Method:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
         if self.clip not in RECIPE_CLIPS:
             raise ValueError(f"clip must be one of {RECIPE_CLIPS}, got {self.clip!r}")
+        if self.agc_exempt not in AGC_RULES:
+            raise ValueError(f"agc_exempt must be one of {AGC_RULES}, got {self.agc_exempt!r}")
+        if self.draw not in GATE_DRAWS:
+            raise ValueError(f"draw must be one of {GATE_DRAWS}, got {self.draw!r}")
         if self.nf and self.norm != "none":
             raise ValueError(f"an NF-ResNet method has no normalisation (norm='none'), got norm={self.norm!r}")
         if self.gate and self.norm != "none":
@@ -167,25 +192,34 @@ _ALL: tuple[Method, ...] = (
     Method("batchnorm", "he", f"batchnorm, {_NORMED}"),
     Method("groupnorm", "he", f"groupnorm, {_NORMED}"),
     Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers"),
-    # The gated methods draw every weight layer as the He baseline does, the stem from its fan-in as Fixup's
-    # (the stream starts at the input's scale; docs/methods.md), and start each branch's gate at 0.
+    # The gated methods start each branch's gate at 0. SkipInit draws as the authors' released ResNet does
+    # (truncated normal from the fan-in, classifier at 0, gate and biases undecayed); skipinit_he and ReZero draw
+    # every weight layer as the He baseline does, the stem from its fan-in as Fixup's (docs/methods.md).
     Method("none", "skipinit", "SkipInit (De & Smith 2020): no normalisation, each branch times a scalar gain that "
-           "starts at 0, no depth scaling", stem_mode="fan_in", gate=True, initialiser="skipinit"),
+           "starts at 0, no depth scaling; weights truncated normal with std 1/sqrt(fan_in), the classifier at 0 "
+           "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="skipinit", draw="truncated_fan_in",
+           decay_gains=False),
+    Method("none", "skipinit_he", "SkipInit on the He baseline's draw (fan-out) with PyTorch's default classifier "
+           "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="skipinit"),
     Method("none", "rezero", "ReZero (Bachlechner et al. 2020): x + alpha * F(x) with alpha = 0 per branch, "
            "normalisation removed", stem_mode="fan_in", gate=True, initialiser="rezero"),
-    # Brock, De & Smith (ICLR 2021); adaptive gradient clipping is from their follow-up (Brock et al. 2021b),
-    # which trains NF-ResNets with it (docs/methods.md).
+    # Brock, De & Smith (ICLR 2021), as the authors' released code builds and trains it; adaptive gradient
+    # clipping is from their follow-up (Brock et al. 2021b), which trains NF-ResNets with it (docs/methods.md).
     Method("none", "nf_resnet", "NF-ResNet (Brock et al. 2021): scaled weight standardisation, blocks h + alpha * "
-           "F(h / beta) with beta the analytic std of h, alpha 0.2, no normalisation; AGC in its recipe",
-           initialiser="nf_resnet", nf=True, family="resnet", clip="agc"),
-    Method("none", "nf_resnet_skipinit", "NF-ResNet with the authors' released models' zero-initialised scalar gain "
-           "at the end of each branch", initialiser="nf_resnet", nf=True, gate=True, family="resnet", clip="agc"),
+           "g * F(h / beta) with beta the analytic std of h, alpha 0.2 and a skip gain g that starts at 0, no "
+           "normalisation; AGC on every parameter but the classifier, gains and biases undecayed (the authors' code)",
+           initialiser="nf_resnet", nf=True, gate=True, family="resnet", clip="agc", agc_exempt="classifier",
+           decay_gains=False),
+    Method("none", "nf_resnet_nozero", "NF-ResNet without the zero-started skip gain: the block h + alpha * "
+           "F(h / beta) as the paper analyses it (variant); otherwise nf_resnet's recipe",
+           initialiser="nf_resnet", nf=True, family="resnet", clip="agc", agc_exempt="classifier", decay_gains=False),
     Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
            "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
            initialiser="t_fixup", family="transformer", warmup=False),
 )
 # Every method by name: "fixup" and its variants, "he" (alias "none"), "xavier", "lsuv", "sqrt2",
-# "batchnorm", "groupnorm", "layernorm", "skipinit", "rezero", "nf_resnet", "nf_resnet_skipinit", "t_fixup".
+# "batchnorm", "groupnorm", "layernorm", "skipinit", "skipinit_he", "rezero", "nf_resnet", "nf_resnet_nozero",
+# "t_fixup".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}

@@ -361,7 +361,7 @@ class GateReport(InitReport):
     branches: list[GateRecord] = field(default_factory=list)
     classifier: list[LayerRecord] = field(default_factory=list)
     gate_init: float = 0.0
-    base_init: str = "he"
+    base_init: str = "he"  # he | xavier | truncated_fan_in (skipinit: the authors' draw)
     stem_fan_mode: str = "fan_in"  # the He fan of the weight layers outside the branches
     summary: str = ""  # what the method does, in one line
 
@@ -378,11 +378,12 @@ class GateReport(InitReport):
 
     def format(self, max_branches: int = 12) -> str:
         """The report as a table; at most ``max_branches`` branches are listed one by one."""
-        base = f"He with {self.fan_mode}" if self.base_init == "he" else "Xavier (Glorot) normal"
+        base = {"he": f"He with {self.fan_mode}", "truncated_fan_in": "truncated normal, std 1/sqrt(fan_in)"}.get(
+            self.base_init, "Xavier (Glorot) normal")
         summary = f": {self.summary}" if self.summary else ""
         lines = [f"Accounting report: method {self.method}, {base} init{summary}"]
         lines.append(f"L = {self.num_branches} residual branches, each x + alpha * F(x) with its own gate alpha = "
-                     f"{self.gate_init:g} (no depth scaling, no layer zeroed)")
+                     f"{self.gate_init:g} (no depth scaling, no branch layer zeroed)")
         groups = Counter((b.kind, b.m) for b in self.branches)
         if groups:
             lines.append(f"  {'branch type':<14}{'m':>3}{'count':>8}")
@@ -395,7 +396,7 @@ class GateReport(InitReport):
         if shortcuts:
             lines.append(f"shortcut projections ({base}): {len(shortcuts)}")
         if self.other_layers:
-            other = f"He with {self.stem_fan_mode}" if self.base_init == "he" else "Xavier"
+            other = {"he": f"He with {self.stem_fan_mode}", "truncated_fan_in": base}.get(self.base_init, "Xavier")
             lines.append(f"other weight layers ({other}): " + _some(self.other_layers, 4))
         if self.untouched:
             lines.append("left alone: " + _some(self.untouched, 6))

@@ -157,6 +157,7 @@ def adapt(
     mode: str = "fan_out",
     trunk: str = "lsuv",
     method: str = "fixup",
+    gate_biases: bool = False,
     leaf_modules: tuple[type[nn.Module], ...] = (),
     private: bool = False,
     **init_options: Any,
@@ -164,8 +165,10 @@ def adapt(
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
 
     With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
-    :class:`fixup.Gate` that starts at 0, its weights are drawn by He unscaled and none is zeroed, and no scalar
-    bias is added (see docs/methods.md); the report is a :class:`GateAdaptReport`.
+    :class:`fixup.Gate` that starts at 0, its weights are drawn by the method (SkipInit: its authors' truncated
+    normal from the fan-in, the classifier at 0; ReZero: He) unscaled, no branch layer is zeroed, and every
+    normalisation is removed without a bias in its place (``gate_biases=True`` puts Fixup's scalar biases there;
+    see docs/methods.md); the report is a :class:`GateAdaptReport`.
 
     Args:
         model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
@@ -191,6 +194,10 @@ def adapt(
             scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
             He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
         method: ``"fixup"`` (default) or one of the gated methods of ``fixup.METHODS`` (``ADAPT_METHODS``).
+        gate_biases: under a gated method, put a scalar bias where a removed normalisation stood before an
+            activation or inside a branch, as Fixup does (``True``), or none (``False``, the default: neither
+            paper adds one, and the biases did not train better, docs/methods.md). Fixup keeps its biases (rule
+            3): ``False`` with ``method="fixup"`` is an error.
         leaf_modules: module types to record whole (never searched for branches).
         private: make the copy ready for private training with Opacus (:func:`fixup.private.prepare`: the scalars
             called around their layers rather than by hooks, an output changed in place copied under hooks only).
@@ -205,6 +212,9 @@ def adapt(
     if method not in ADAPT_METHODS:
         raise ValueError(_refusal(method))
     gated = method != "fixup"
+    if not gated and gate_biases:
+        raise ValueError("gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
+                         "always has its scalar biases (rule 3): leave gate_biases out for method='fixup'")
     args = _inputs(example_input)
     name = type(model).__name__
     source = copy.deepcopy(model)
@@ -232,7 +242,7 @@ def adapt(
         raise AdaptError(f"fixup.adapt found no residual sum y = x + F(x) with a weight layer on F in {name}; "
                          "Fixup applies to residual networks only")
     rw = Rewriter(source, rec.graph, analysis, rec.calls)
-    rw.norms_out()
+    rw.norms_out(biases=gate_biases or not gated)  # gated and gate_biases=False: every norm removed
     declared: dict[str, list[Branch]] = {}
     pairs = []
     for r in analysis.residuals:

@@ -103,7 +103,8 @@ class Rewriter:
         return out
 
     # --- normalisation ---
-    def norms_out(self) -> None:
+    def norms_out(self, biases: bool = True) -> None:
+        """Take every normalisation out: a scalar bias in its place where Fixup keeps one (``biases``), else none."""
         owner = {n: r for r in self.an.residuals for n in r.data}
         done: set[str] = set()
         for node in list(self.graph.nodes):
@@ -120,6 +121,8 @@ class Rewriter:
                 action, why = "bias", "before an activation outside the residual branches"
             else:
                 action, why = "removed", "on the residual stream or a shortcut (Fixup keeps no bias there)"
+            if not biases:
+                action, why = "removed", "a gated method adds no bias (gate_biases=False)"
             mod = self.modules[path]
             if node.meta.get(FUSED):
                 tail = self._fused_tail(node, path, mod)
@@ -222,8 +225,9 @@ class Rewriter:
         """Put in the branch's scalars and return the block that declares it and its declaration.
 
         ``gated`` (SkipInit, ReZero): the branch's multiplier is a :class:`fixup.Gate` that starts at 0, and no
-        scalar bias is added before its layers and activations (the norms' own shifts stay as biases); a layer
-        scale the branch already has is kept as a weight, set to 1 by the initialiser."""
+        scalar bias is added before its layers and activations (the norms' shifts are biases only under
+        ``adapt(..., gate_biases=True)``); a layer scale the branch already has is kept as a weight, set to 1 by
+        the initialiser."""
         last = r.layers[-1]
         data = r.data | {r.fork}
         biases: list[Bias] = []

@@ -13,8 +13,9 @@ from ..nn import Bias, Scale
 from ..report import InitReport, LayerRecord, describe_norm
 from .fans import BASE_INITS, base_std, groups_of
 
-__all__ = ["check_layer", "check_output_scale", "default_linear_", "draw_", "draw_standard_", "layer_key", "model_base",
-           "named_weight_layers", "plain_report", "record", "reset_norms_and_scalars"]
+__all__ = ["TRUNCATED_STD", "check_layer", "check_output_scale", "default_linear_", "draw_", "draw_standard_",
+           "draw_truncated_", "layer_key", "model_base", "named_weight_layers", "plain_report", "record",
+           "reset_norms_and_scalars"]
 
 
 def model_base(model: nn.Module, base: str | None = None) -> str:
@@ -48,6 +49,20 @@ def draw_(layer: nn.Module | WeightSlice, std: float, generator: torch.Generator
         layer.weight.zero_()
     else:
         layer.weight.normal_(0.0, std, generator=generator)
+    if getattr(layer, "bias", None) is not None:
+        layer.bias.zero_()
+
+
+# The std of a standard normal truncated at +-2 std: haiku's TruncatedNormal divides by it so that the truncated
+# draw has the std asked for (haiku.initializers.VarianceScaling, distribution "truncated_normal").
+TRUNCATED_STD = 0.87962566103423978
+
+
+def draw_truncated_(layer: nn.Module | WeightSlice, std: float, generator: torch.Generator | None) -> None:
+    """Draws from a normal truncated at 2 std of itself and rescaled so that the draws' std is ``std`` (haiku's
+    truncated-normal initialiser) for the layer's weight; its bias 0."""
+    wide = std / TRUNCATED_STD
+    nn.init.trunc_normal_(layer.weight, 0.0, wide, -2.0 * wide, 2.0 * wide, generator=generator)
     if getattr(layer, "bias", None) is not None:
         layer.bias.zero_()
 

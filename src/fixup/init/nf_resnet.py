@@ -4,9 +4,11 @@ scaled by gamma, and each block ``h + alpha * F(h / beta)`` with beta the analyt
 
 The blocks (:mod:`fixup.models.nf_blocks`) carry the architecture: the standardisation, gamma, alpha and each
 block's beta, set by the model's constructor. This initialiser draws the raw weights, sets every gain to 1 and
-every bias to 0, the zero-started branch gain where the method has one, the classifier as the authors' released
-models do, and reports each block's beta. Adaptive gradient clipping, its recipe, is :func:`fixup.adaptive_clip_grad_`
-(``fixup train --clip agc``). Our deviations from the paper are listed in docs/methods.md.
+every bias to 0, the zero-started skip gain where the method has one (``nf_resnet``, as the authors' released
+models; ``nf_resnet_nozero`` has none), the classifier as the authors' released models do, and reports each block's
+beta. Adaptive gradient clipping, its recipe, is :func:`fixup.adaptive_clip_grad_` (the authors' rule: every tensor
+but the classifier's weight; ``fixup train --clip agc``). The differences from the authors' code are listed in
+docs/methods.md.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class NFBlockRecord:
     beta: float
     transition: bool  # its shortcut projects the normalised input: the stream's variance resets to 1 + alpha^2
     layers: list[LayerRecord]
-    gate: str | None = None  # the zero-started gain's parameter name (nf_resnet_skipinit)
+    gate: str | None = None  # the zero-started skip gain's parameter name (nf_resnet; None: nf_resnet_nozero)
     shortcut: LayerRecord | None = None
 
 

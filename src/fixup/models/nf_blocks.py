@@ -10,8 +10,9 @@ An NF block is a pre-activation block without normalisation, every convolution w
 ``F`` is ``conv2(gamma * relu(conv1(a)))`` (basic) or ``conv3(gamma * relu(conv2(gamma * relu(conv1(a)))))``
 (bottleneck). Each branch then adds variance alpha^2, so beta_{i+1}^2 = beta_i^2 + alpha^2; a transition's
 shortcut projects the unit-variance ``a``, which resets the stream's variance to 1 + alpha^2
-(:func:`assign_betas`). alpha = 0.2, the paper's choice. With ``method.gate`` (``nf_resnet_skipinit``) the branch
-is also multiplied by a learnable gain that starts at 0, as in the authors' released models.
+(:func:`assign_betas`). alpha = 0.2, the paper's choice. With ``method.gate`` (``nf_resnet``) the branch is also
+multiplied by a learnable skip gain that starts at 0, as in the authors' released models (their ``skip_gain``);
+``nf_resnet_nozero`` leaves it out, the block as the paper analyses it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class _NFBlock(nn.Module):
         self.alpha = NF_ALPHA
         self.beta = 1.0  # the expected std of the block's input; the model sets it (assign_betas)
         self.act = ScaledReLU()
-        self.scale = branch_multiplier(method)  # the zero-started gain (nf_resnet_skipinit), or an identity
+        self.scale = branch_multiplier(method)  # the zero-started skip gain (nf_resnet), or an identity
         self.projection: ScaledStdConv2d | None = None
         if (stride, in_ch) != (1, out_ch):
             self.projection = ScaledStdConv2d(in_ch, out_ch, 1, stride)

@@ -30,7 +30,8 @@ LABELS = {"fixup": "Fixup (stream biases budgeted: our default)", "fixup_paper":
           "sqrt2": "1/sqrt(2)", "he": "He, no normalisation", "fixup_no_depth_scale": "Fixup without rule 2",
           "fixup_scalars_fixed": "Fixup, scalars held fixed", "skipinit": "SkipInit (gain at 0)",
           "rezero": "ReZero (alpha at 0)", "rezero_slow_gates": "ReZero, gates at lr/10",
-          "nf_resnet": "NF-ResNet (AGC, its recipe)", "nf_resnet_skipinit": "NF-ResNet with the zero skip gain (AGC)"}
+          "nf_resnet": "NF-ResNet (zero skip gain, AGC: the authors' recipe)",
+          "nf_resnet_nozero": "NF-ResNet without the zero skip gain (AGC)", "skipinit_he": "SkipInit on He's draw"}
 # Variants of a method that differ only in training options. Every Fixup form trains its scalars at lr/10,
 # as the authors' released CIFAR script (github.com/hongyi-zhang/Fixup, cifar/cifar_train.py) does; the
 # same script scales the weights' rate with the batch (0.1 x batch / 128): `fixup_batch_scaled` runs that.

@@ -147,7 +147,7 @@ class OptimisationOptions:
     # protocol of their figures. agc: Brock et al. 2021, section 4.1 (fixup.adaptive_clip_grad_). auto: the
     # method's own recipe (Method.clip: agc for nf_resnet), else norm; fixup.train.recipe resolves it.
     clip: str = "auto"  # gradient clipping: auto (the method's) | norm (global, to grad_clip) | agc (unit-wise) | none
-    grad_clip: float = 1.0  # clip the global gradient norm to this, 0 = off (clip agc: the zero-started tensors')
+    grad_clip: float = 1.0  # clip the global gradient norm to this, 0 = off (agc: a Fixup model's zero-started)
     agc_clipping: float = 0.01  # clip agc: lambda, the largest ratio of a unit's gradient norm to its weight norm
     schedule: str = "step"  # constant | step | cosine | inverse_sqrt
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training where lr is multiplied by gamma

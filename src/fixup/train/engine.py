@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .._io import remove_stale_temporaries
 from .._signals import SIGNALS, Interrupted
-from ..clip import adaptive_clip_grad_
+from ..clip import adaptive_clip_grad_, agc_rule
 from . import distributed as D
 from .checkpoint import (
     CheckpointError,
@@ -376,9 +376,11 @@ class _Run:
         if empty:  # dp: a Poisson batch with no example: no per-example gradient, only the noise
             self.private.empty_batch()
         cfg = self.config
-        if cfg.clip == "agc":  # the zero-started tensors by the global norm (grad_clip; 0 leaves them unclipped)
+        if cfg.clip == "agc":  # by the method's rule: an NF-ResNet's classifier unclipped (the authors'), a Fixup
+            # model's zero-started tensors by the global norm (grad_clip; 0 leaves them unclipped)
             self.scaler.unscale_(self.optimizer)
-            adaptive_clip_grad_(self.model, cfg.agc_clipping, exempt_max_norm=cfg.grad_clip)
+            exempt_norm = cfg.grad_clip if agc_rule(self.model) == "zero_started" else None
+            adaptive_clip_grad_(self.model, cfg.agc_clipping, exempt_max_norm=exempt_norm)
         elif cfg.clip == "norm" and cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
