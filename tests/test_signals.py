@@ -38,8 +38,8 @@ def _send_at_step(monkeypatch, signum: int, step: int) -> None:
     """Send ``signum`` to this process right after optimiser step ``step``."""
     update = engine._Run._update
 
-    def patched(self, loss):
-        update(self, loss)
+    def patched(self, loss, **kwargs):
+        update(self, loss, **kwargs)
         if self.step + 1 == step:
             os.kill(os.getpid(), signum)
 
@@ -95,8 +95,8 @@ def test_a_signal_during_start_up_is_one_line_too(default_signals, monkeypatch, 
 def test_a_second_signal_aborts_at_once(default_signals, monkeypatch, tmp_path, capsys) -> None:
     update = engine._Run._update
 
-    def twice(self, loss):
-        update(self, loss)
+    def twice(self, loss, **kwargs):
+        update(self, loss, **kwargs)
         if self.step == 1:
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)

@@ -92,15 +92,20 @@ def residual_add(shortcut: Tensor, branch: Tensor, block: str = "residual block"
     return shortcut + branch
 
 
+# torch.compiler.is_compiling exists from torch 2.3; before it a compiled graph breaks here, correct but slower.
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def inplace_safe(x: Tensor) -> bool:
     """Whether ``x`` may be changed in place: it is not a view.
 
     A module under a full backward hook (Opacus's per-sample gradients, ``register_full_backward_hook``) returns
     its output as a view made by a custom autograd function, and autograd refuses any in-place change of it
     ("Output 0 of BackwardHookFunction is a view and is being modified inplace"). Without hooks a layer's output
-    is a fresh tensor, and the in-place fast path stays.
+    is a fresh tensor, and the in-place fast path stays. Under ``torch.compile`` (no module hooks fire in a
+    compiled graph's body, and ``_is_view`` would break the graph) it is always safe: the compiler decides.
     """
-    return not x._is_view()
+    return _compiling() or not x._is_view()
 
 
 class InplaceReLU(nn.ReLU):
