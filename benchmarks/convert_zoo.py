@@ -42,7 +42,7 @@ OPTIONS = ("affine", "dyt")
 TRAINED = ("resnet18 (torchvision ResNet)", "vit_tiny_patch16_224", "convnext_atto")
 
 
-def _inputs(x: object) -> tuple[torch.Tensor, ...]:
+def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
@@ -78,7 +78,7 @@ def function_rows(sequential: bool = True) -> list[dict[str, object]]:
                 continue
         torch.manual_seed(0)
         model = trained_statistics_(entry.build()).eval()
-        example = _inputs(entry.example())
+        example = as_inputs(entry.example())
         held_out, calibration = _like(example, 8, 1), [_like(example, 8, 2)]
         row: dict[str, object] = {"model": name}
         for option in ("refuse", *OPTIONS):

@@ -42,7 +42,7 @@ def _params(name: str) -> object:
     return pytest.param(name, id=name.split(" ")[0] + f"-{entry.source.split(' ')[0]}")
 
 
-def _inputs(x: object) -> tuple[torch.Tensor, ...]:
+def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
@@ -61,7 +61,7 @@ def test_adapt_counts_each_model_as_written(name: str) -> None:
     _needs(entry.needs)
     torch.manual_seed(0)
     original = entry.build()
-    example = _inputs(entry.example())
+    example = as_inputs(entry.example())
     weight_keys = {f"{n}.weight" for n, m in original.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FixupWarning)
@@ -325,7 +325,7 @@ def test_every_image_model_adapts_under_the_gated_methods_and_the_stream_keeps_i
     assert all(isinstance(g, fixup.Gate) and float(g.scale.detach()) == 0.0 for g in gates)
     opt = torch.optim.SGD(fixup.param_groups(model, lr=0.1), lr=0.1, momentum=0.9)
     model.train()
-    logits = _logits(model(*_inputs(x)))
+    logits = _logits(model(*as_inputs(x)))
     target = torch.zeros(logits.shape[0], dtype=torch.long)
     F.cross_entropy(logits.reshape(logits.shape[0], -1)[:, :2], target).backward()
     opt.step()

@@ -42,7 +42,7 @@ _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 BN_MODELS = [n for n, e in ZOO.items() if e.family in ("ResNet", "RegNet", "MobileNet", "EfficientNet")]
 
 
-def _inputs(x: object) -> tuple[torch.Tensor, ...]:
+def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
@@ -81,7 +81,7 @@ def test_zoo_batchnorm_models_keep_their_function(name: str, one_thread: None) -
     original = _trained_statistics_(entry.build()).eval()
     assert any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in original.modules())
     before = {k: v.clone() for k, v in original.state_dict().items()}
-    example = _inputs(entry.example())
+    example = as_inputs(entry.example())
     model, report = convert(original, example)
     # The user's model is untouched.
     assert original.state_dict().keys() == before.keys()

@@ -98,3 +98,17 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_no_import_cycle_in_the_package() -> None:
     cycles = _cycles(_graph())
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    """A name with a leading underscore is imported only from a module of the importer's own package."""
+    modules = _modules()
+
+    def package(name: str) -> str:
+        return name if modules[name][1] else name.rpartition(".")[0]
+
+    crossing = [f"{name} imports {imported}.{what}" for name, (path, is_package) in modules.items()
+                for imported, what in _imports(name, path, is_package, modules)
+                if what.startswith("_") and not what.startswith("__") and imported in modules
+                and package(imported) != package(name)]
+    assert not crossing, crossing

@@ -12,7 +12,7 @@ import fixup
 from adapt_zoo import ZOO
 from fixup._adapt import ADAPT_METHODS
 from test_adapt_trunk import TinyEfficientNet
-from test_adapt_zoo import _inputs, _needs
+from test_adapt_zoo import _needs, as_inputs
 
 # What each refusal must name: the library's builder for the method, or the methods adapt applies.
 _INSTEAD = {"nf_resnet": "create_model('resnet50', method='nf_resnet')",
@@ -59,5 +59,5 @@ def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str,
     for other in (m for m in fixup.METHODS if m not in ADAPT_METHODS):
         with pytest.raises(ValueError, match=f"got method='{other}'"):
             fixup.adapt(entry.build(), x, method=other)
-    out = model(*_inputs(x))
+    out = model(*as_inputs(x))
     assert all(torch.isfinite(t).all() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t))

@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 __all__ = ["BranchRecord", "FixupReport", "FixupWarning", "GateRecord", "GateReport", "InitReport", "LSUVRecord",
-           "LayerRecord", "NormRecord", "describe_norm", "warn_report"]
+           "LayerRecord", "NormRecord", "describe_norm", "layer_records", "some_of", "warn_report"]
 
 
 @dataclass
@@ -127,7 +127,8 @@ def warn_report(report: InitReport, stacklevel: int = 3) -> None:
         warnings.warn(message, FixupWarning, stacklevel=stacklevel)
 
 
-def _layers(items: list[dict[str, Any]] | None) -> list[LayerRecord]:
+def layer_records(items: list[dict[str, Any]] | None) -> list[LayerRecord]:
+    """Layer records back from their ``to_dict`` form (every report's ``from_dict`` reads its layers with it)."""
     return [LayerRecord(**d) for d in items or []]
 
 
@@ -178,7 +179,7 @@ class InitReport:
             raise ValueError(f"{cls.__name__}.from_dict: unknown field(s) {unknown}; is this a report of "
                              "another version?")
         out = {k: v for k, v in data.items() if k in names}
-        out["other_layers"] = _layers(data.get("other_layers"))
+        out["other_layers"] = layer_records(data.get("other_layers"))
         out["normalization"] = [NormRecord(**n) for n in data.get("normalization", [])]
         out["data_init"] = [LSUVRecord(**r) for r in data.get("data_init", [])]
         return out
@@ -199,11 +200,11 @@ class InitReport:
         if self.output_scale != 1.0:
             lines.append(f"every residual block's output x + F(x) is multiplied by {self.output_scale:.6g}")
         layers = self.other_layers
-        lines.append(f"weight layers initialised: {len(layers)}" + _some(layers, 4, ": "))
+        lines.append(f"weight layers initialised: {len(layers)}" + some_of(layers, 4, ": "))
         if self.zeroed:
-            lines.append("zeroed: " + _some(self.zeroed, 6))
+            lines.append("zeroed: " + some_of(self.zeroed, 6))
         if self.untouched:
-            lines.append("left alone: " + _some(self.untouched, 6))
+            lines.append("left alone: " + some_of(self.untouched, 6))
         lines.append(f"scalar parameters: {self.num_scalars}")
         lines.extend(self._format_norms())
         lines.extend(self._format_tail())
@@ -246,7 +247,8 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def _some(items: list[Any], k: int, prefix: str = "") -> str:
+def some_of(items: list[Any], k: int, prefix: str = "") -> str:
+    """The first ``k`` of ``items`` joined for a report line, with how many more there are ("" for none)."""
     if not items:
         return ""
     more = f", ... {len(items) - k} more" if len(items) > k else ""
@@ -283,11 +285,11 @@ class FixupReport(InitReport):
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
         out = super()._fields_from(data)
         out["branches"] = [
-            BranchRecord(**{**b, "scaled": _layers(b["scaled"]), "zeroed": LayerRecord(**b["zeroed"]),
+            BranchRecord(**{**b, "scaled": layer_records(b["scaled"]), "zeroed": LayerRecord(**b["zeroed"]),
                             "shortcut": None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
             for b in data.get("branches", [])
         ]
-        out["classifier"] = _layers(data.get("classifier"))
+        out["classifier"] = layer_records(data.get("classifier"))
         return out
 
     def format(self, max_branches: int = 12) -> str:
@@ -314,16 +316,16 @@ class FixupReport(InitReport):
             base = f"He with {self.stem_fan_mode}" if self.base_init == "he" else "Xavier"
             why = ("; with no normalisation the stem sets the stream's scale, which a fan-in draw keeps at the "
                    "input's (our correction)" if self.base_init == "he" and self.stem_fan_mode == "fan_in" else "")
-            lines.append(f"other weight layers ({base}, not depth-scaled): " + _some(self.other_layers, 4) + why)
+            lines.append(f"other weight layers ({base}, not depth-scaled): " + some_of(self.other_layers, 4) + why)
         if self.untouched:
-            lines.append("left alone: " + _some(self.untouched, 6))
+            lines.append("left alone: " + some_of(self.untouched, 6))
         biases = sum(b.num_biases for b in self.branches)
         scales = sum(b.has_scale for b in self.branches)
         lines.append(f"scalar parameters: {self.num_scalars} ({biases} branch biases, {scales} multipliers)")
         lines.append("stream biases (added after a branch's last layer, onto the residual stream): "
                      + _STREAM_TEXT[self.stream_bias].format(n=self.num_stream_biases))
         if self.zeroed:
-            lines.append("also zeroed: " + _some(self.zeroed, 6))
+            lines.append("also zeroed: " + some_of(self.zeroed, 6))
         lines.extend(self._format_norms())
         if self.branches:
             lines.append("branches:")
@@ -369,11 +371,11 @@ class GateReport(InitReport):
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
         out = super()._fields_from(data)
         out["branches"] = [
-            GateRecord(**{**b, "layers": _layers(b["layers"]),
+            GateRecord(**{**b, "layers": layer_records(b["layers"]),
                           "shortcut": None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
             for b in data.get("branches", [])
         ]
-        out["classifier"] = _layers(data.get("classifier"))
+        out["classifier"] = layer_records(data.get("classifier"))
         return out
 
     def format(self, max_branches: int = 12) -> str:
@@ -397,9 +399,9 @@ class GateReport(InitReport):
             lines.append(f"shortcut projections ({base}): {len(shortcuts)}")
         if self.other_layers:
             other = {"he": f"He with {self.stem_fan_mode}", "truncated_fan_in": base}.get(self.base_init, "Xavier")
-            lines.append(f"other weight layers ({other}): " + _some(self.other_layers, 4))
+            lines.append(f"other weight layers ({other}): " + some_of(self.other_layers, 4))
         if self.untouched:
-            lines.append("left alone: " + _some(self.untouched, 6))
+            lines.append("left alone: " + some_of(self.untouched, 6))
         lines.append(f"scalar parameters: {self.num_scalars} ({len(self.branches)} gates)")
         lines.extend(self._format_norms())
         if self.branches:

@@ -76,11 +76,11 @@ def _refusal(method: str) -> str:
     return f"{head}: {why}"
 
 
-def _inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
+def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
     return (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
 
 
-def _in_mode(model: nn.Module, training: bool, fn: Any) -> Any:
+def in_mode(model: nn.Module, training: bool, fn: Any) -> Any:
     modes = {m: m.training for m in model.modules()}
     try:
         model.train(training)
@@ -215,14 +215,14 @@ def adapt(
     if not gated and gate_biases:
         raise ValueError("gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
                          "always has its scalar biases (rule 3): leave gate_biases out for method='fixup'")
-    args = _inputs(example_input)
+    args = as_inputs(example_input)
     name = type(model).__name__
     source = copy.deepcopy(model)
     swapped = V.slow_path_(source)
     # The analysis uses eval mode (no dropout or stochastic depth draws); train mode is recorded to compare.
-    rec = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    rec = in_mode(source, False, lambda: record(source, args, leaf_modules))
     try:
-        other: Recording | None = _in_mode(source, True, lambda: record(source, args, leaf_modules))
+        other: Recording | None = in_mode(source, True, lambda: record(source, args, leaf_modules))
     except ValueError:
         other = None  # e.g. BatchNorm refuses a batch of one in train mode; nothing to compare
     modules = dict(source.named_modules())
@@ -269,8 +269,8 @@ def adapt(
     blocks = residual_blocks(source)  # none when the root itself computes every residual sum
     signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
     branch_names = {id(b): n for n, b in find_branches(source)}
-    _in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
-    after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
+    after = in_mode(source, False, lambda: record(source, args, leaf_modules))
     nonlinear_after = after.nonlinearities(dict(source.named_modules()))
     if len(nonlinear_after) < len(nonlinear_before):
         lost = [x for x in nonlinear_before if x not in nonlinear_after] or nonlinear_before[len(nonlinear_after):]

@@ -42,7 +42,7 @@ def scale_output(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     return module.fixup_scale(out)
 
 
-def _keep_tail(module: nn.Module, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
+def keep_tail(module: nn.Module, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
     """Register the children that followed a fused module's normalisation, in order."""
     for name, child in tail:
         module.add_module(name, child)
@@ -50,7 +50,7 @@ def _keep_tail(module: nn.Module, tail: Sequence[tuple[str, nn.Module]], origina
     module.original_type = original_type
 
 
-def _run_tail(module: nn.Module, x: Tensor) -> Tensor:
+def run_tail(module: nn.Module, x: Tensor) -> Tensor:
     for name in module.order:
         x = module._modules[name](x)
     return x
@@ -62,10 +62,10 @@ class FusedNormBias(Bias):
 
     def __init__(self, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
         super().__init__()
-        _keep_tail(self, tail, original_type)
+        keep_tail(self, tail, original_type)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _run_tail(self, x + self.bias)
+        return run_tail(self, x + self.bias)
 
     def extra_repr(self) -> str:
         return f"from {self.original_type}: bias, then {', '.join(self.order) or 'nothing'}"
@@ -76,10 +76,10 @@ class FusedNormTail(nn.Module):
 
     def __init__(self, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
         super().__init__()
-        _keep_tail(self, tail, original_type)
+        keep_tail(self, tail, original_type)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _run_tail(self, x)
+        return run_tail(self, x)
 
 
 class LayerScaleHandle(Scale):

@@ -266,13 +266,13 @@ def _tensors_in(value: Any) -> Iterator[tuple[Any, Tensor]]:
                 yield k, v
 
 
-def _flatten(value: Any) -> list[Tensor]:
+def flatten_tensors(value: Any) -> list[Tensor]:
     if isinstance(value, Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flatten(v)]
+        return [t for v in value for t in flatten_tensors(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _flatten(v)]
+        return [t for v in value.values() for t in flatten_tensors(v)]
     return []
 
 
@@ -294,6 +294,6 @@ def record(model: nn.Module, example: tuple[Tensor, ...],
                          "Pass the positional inputs its forward expects (a tensor, or a tuple of tensors)") from err
     finally:
         rec.detach()
-    rec.graph.output(tuple(rec._node_for(t) for t in _flatten(out) if id(t) in rec.nodes))
+    rec.graph.output(tuple(rec._node_for(t) for t in flatten_tensors(out) if id(t) in rec.nodes))
     rec.rec.output = out
     return rec.rec

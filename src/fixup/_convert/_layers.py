@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._adapt._modules import _keep_tail, _run_tail
+from .._adapt._modules import keep_tail, run_tail
 
 __all__ = ["ChannelAffine", "DynamicTanh", "FusedAffineTail"]
 
@@ -73,10 +73,10 @@ class FusedAffineTail(ChannelAffine):
 
     def __init__(self, num_channels: int, tail: Sequence[tuple[str, nn.Module]], original_type: str) -> None:
         super().__init__(num_channels, 1)
-        _keep_tail(self, tail, original_type)
+        keep_tail(self, tail, original_type)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _run_tail(self, super().forward(x))
+        return run_tail(self, super().forward(x))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}; from {self.original_type}: affine, then {', '.join(self.order) or 'nothing'}"

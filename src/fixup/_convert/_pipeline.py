@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._adapt import ADAPT_METHODS, _in_mode, _inputs
+from .._adapt import ADAPT_METHODS, as_inputs, in_mode
 from .._adapt import _vocab as V
 from .._adapt._graph import analyse
 from .._adapt._modules import FusedNormTail
-from .._adapt._record import FUSED, _flatten, record
+from .._adapt._record import FUSED, flatten_tensors, record
 from .._adapt._rewrite import Rewriter
 from ..branch import Branch, find_branches
 from ..nn import Gate
@@ -87,7 +87,7 @@ def _gather(model: nn.Module, batches: list[tuple[Tensor, ...]], targets: dict[s
     try:
         with torch.no_grad():
             for batch in batches:
-                _in_mode(model, False, lambda b=batch: model(*b))
+                in_mode(model, False, lambda b=batch: model(*b))
     finally:
         for h in handles:
             h.remove()
@@ -114,8 +114,8 @@ def compare(original: nn.Module, converted: nn.Module, args: tuple[Tensor, ...])
     """(largest, RMS) absolute difference of the floating outputs in eval mode, each over the original output's
     RMS (the worst output where there are several)."""
     with torch.no_grad():
-        a = [t for t in _flatten(_in_mode(original, False, lambda: original(*args))) if t.is_floating_point()]
-        b = [t for t in _flatten(_in_mode(converted, False, lambda: converted(*args))) if t.is_floating_point()]
+        a = [t for t in flatten_tensors(in_mode(original, False, lambda: original(*args))) if t.is_floating_point()]
+        b = [t for t in flatten_tensors(in_mode(converted, False, lambda: converted(*args))) if t.is_floating_point()]
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
         raise ConvertError(f"the converted {type(converted).__name__} returns outputs of other shapes than the "
                            "original's; please report this model")
@@ -178,7 +178,7 @@ def convert(
         raise ValueError(f"method must be one of {ADAPT_METHODS}, got {method!r}")
     if per_example_norms not in PER_EXAMPLE_OPTIONS:
         raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_OPTIONS}, got {per_example_norms!r}")
-    args = _inputs(example_input)
+    args = as_inputs(example_input)
     name = type(model).__name__
     warned: list[tuple[str, type[ConvertWarning]]] = []
     if model.training and not _replay:
@@ -188,7 +188,7 @@ def convert(
     source = copy.deepcopy(model)
     modes = {m: m.training for m in source.modules()}
     swapped = V.slow_path_(source)
-    rec = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    rec = in_mode(source, False, lambda: record(source, args, leaf_modules))
     modules = dict(source.named_modules())
     nonlinear_before = rec.nonlinearities(modules)
     analysis = analyse(rec.graph, modules)
@@ -243,7 +243,7 @@ def convert(
         raise ConvertError(f"fixup.convert cannot keep the function of {name}:\n  - " + "\n  - ".join(refused))
 
     # --- record what the norms receive: dimensions (all), inputs (per-example norms, on calibration data) ---
-    batches = [_inputs(b) for b in calibration] if calibration is not None else [args]
+    batches = [as_inputs(b) for b in calibration] if calibration is not None else [args]
     dims, _, _ = _gather(source, [args], {p: modules[p] for p in norm_nodes}, set())
     seen: dict[str, list[Tensor]] = {}
     wanted: dict[str, list[Tensor]] = {}  # the original norms' outputs: what each replacement is fitted to
@@ -322,7 +322,7 @@ def convert(
     for m in source.modules():  # the modes it had; the modules convert put in, the root's
         m.train(modes.get(m, modes[source]))
 
-    after = _in_mode(source, False, lambda: record(source, args, leaf_modules))
+    after = in_mode(source, False, lambda: record(source, args, leaf_modules))
     nonlinear_after = after.nonlinearities(dict(source.named_modules()))
     if len(nonlinear_after) < len(nonlinear_before):
         raise ConvertError(f"converting {name} would lose {len(nonlinear_before) - len(nonlinear_after)} of its "
@@ -335,7 +335,7 @@ def convert(
         spec={"format": 1, "method": method, "per_example_norms": per_example_norms,
               "inputs": _spec_inputs(args), "leaf_modules": [t.__qualname__ for t in leaf_modules]})
     if not _replay:
-        check = _inputs(held_out) if held_out is not None else _held_out(args)
+        check = as_inputs(held_out) if held_out is not None else _held_out(args)
         report.held_out = ("the given held-out inputs" if held_out is not None else
                            "fresh inputs like the example (seed 1): " + ", ".join(
                                "x".join(map(str, t.shape)) + f" {str(t.dtype).removeprefix('torch.')}" for t in check))

@@ -23,7 +23,7 @@ from torch import nn
 from ..branch import WEIGHT_LAYERS, find_branches, find_classifier
 from ..method import Method
 from ..nn import RELU_GAMMA, Bias, Scale, ScaledStdConv2d
-from ..report import InitReport, LayerRecord, _layers, _some, describe_norm
+from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
 from ._layers import check_layer, draw_, record
 from .fans import fans, groups_of, he_std
 
@@ -63,10 +63,10 @@ class NFReport(InitReport):
     @classmethod
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
         out = super()._fields_from(data)
-        out["blocks"] = [NFBlockRecord(**{**b, "layers": _layers(b["layers"]), "shortcut": None if b.get("shortcut")
-                                          is None else LayerRecord(**b["shortcut"])})
+        out["blocks"] = [NFBlockRecord(**{**b, "layers": layer_records(b["layers"]), "shortcut":
+                                          None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
                          for b in data.get("blocks", [])]
-        out["classifier"] = _layers(data.get("classifier"))
+        out["classifier"] = layer_records(data.get("classifier"))
         return out
 
     def format(self, max_branches: int = 12) -> str:
@@ -83,9 +83,9 @@ class NFReport(InitReport):
                      f"N(0, 1/fan_in)); ReLUs scaled by gamma = {self.gamma:.6g}")
         lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
         if self.other_layers:
-            lines.append("other weight layers (He with fan_in): " + _some(self.other_layers, 4))
+            lines.append("other weight layers (He with fan_in): " + some_of(self.other_layers, 4))
         if self.untouched:
-            lines.append("left alone: " + _some(self.untouched, 6))
+            lines.append("left alone: " + some_of(self.untouched, 6))
         lines.append(f"scalar parameters: {self.num_scalars}")
         lines.extend(self._format_norms())
         if self.blocks:

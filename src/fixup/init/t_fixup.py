@@ -24,7 +24,7 @@ from torch import nn
 from ..branch import find_branches, find_classifier
 from ..method import Method
 from ..nn import Bias, Scale
-from ..report import InitReport, LayerRecord, _layers, _some, describe_norm
+from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
 from ._layers import record
 from .fans import xavier_std
 
@@ -60,7 +60,7 @@ class TFixupReport(InitReport):
     def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
         out = super()._fields_from(data)
         for key in ("scaled", "embeddings", "classifier"):
-            out[key] = _layers(data.get(key))
+            out[key] = layer_records(data.get(key))
         return out
 
     def format(self, max_branches: int = 12) -> str:
@@ -71,14 +71,14 @@ class TFixupReport(InitReport):
         lines.append(f"decoder: N = {self.decoder_layers}, value/output/MLP weights times (9N)^(-1/4) = "
                      f"{self.decoder_factor:.6g}")
         lines.append(f"L = {self.num_branches} residual branches; weight layers scaled: {len(self.scaled)}: "
-                     + _some([f"{r.name} std {r.std:.4g}" for r in self.scaled], 4))
-        lines.append("input embeddings, N(0, d^-1/2) times (9N)^(-1/4) of their stack: " + _some(self.embeddings, 2))
+                     + some_of([f"{r.name} std {r.std:.4g}" for r in self.scaled], 4))
+        lines.append("input embeddings, N(0, d^-1/2) times (9N)^(-1/4) of their stack: " + some_of(self.embeddings, 2))
         lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
         if self.other_layers:
             lines.append(f"other weight layers (Xavier, unscaled): {len(self.other_layers)}: "
-                         + _some(self.other_layers, 3))
+                         + some_of(self.other_layers, 3))
         if self.untouched:
-            lines.append("left alone: " + _some(self.untouched, 6))
+            lines.append("left alone: " + some_of(self.untouched, 6))
         lines.append(f"scalar parameters: {self.num_scalars}")
         lines.extend(self._format_norms())
         lines.extend(self._format_tail())
