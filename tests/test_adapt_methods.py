@@ -1,18 +1,21 @@
-"""``fixup.adapt(model, x, method=...)`` for the gated methods (SkipInit, ReZero) on models written elsewhere."""
+"""``fixup.adapt(model, x, method=...)``: the gated methods (SkipInit, ReZero) on models written elsewhere, the
+methods adapt refuses (each naming what works), and the zoo's real classes under every method adapt applies."""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fixup
-from fixup._adapt import ADAPT_METHODS, GateAdaptReport
+from adapt_zoo import ZOO
 from fixup.branch import find_branches
 from test_adapt import BasicBlock, ResNet
 from test_adapt_trunk import TinyEfficientNet
+from test_adapt_zoo import _needs, as_inputs
 
 
 def _x() -> torch.Tensor:
@@ -37,7 +40,7 @@ def _branch_outputs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tenso
 @pytest.mark.parametrize("build", [TinyEfficientNet, lambda: ResNet(BasicBlock, [1, 1, 1])], ids=["mbconv", "resnet"])
 def test_gated_adapt_starts_every_block_as_its_shortcut_with_unscaled_weights(method: str, build) -> None:
     model, report = fixup.adapt(build(), _x(), method=method)
-    assert isinstance(report, GateAdaptReport) and report.method == method
+    assert isinstance(report, fixup.GateAdaptReport) and report.method == method
     branches = find_branches(model)
     assert len(branches) == report.num_branches > 0
     assert all(isinstance(b.scale, fixup.Gate) and float(b.scale.scale.detach()) == 0.0 for _, b in branches)
@@ -87,10 +90,63 @@ def test_gates_learn_at_the_weights_rate_and_the_report_round_trips() -> None:
     opt.step()
     assert all(float(b.scale.scale) != 0.0 for _, b in find_branches(model))
     again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
-    assert isinstance(again, GateAdaptReport) and again == report
+    assert isinstance(again, fixup.GateAdaptReport) and again == report
 
 
 def test_an_unsupported_method_is_refused_with_the_list() -> None:
     with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero'\), got method='lsuv'"):
         fixup.adapt(TinyEfficientNet(), _x(), method="lsuv")
-    assert ADAPT_METHODS == ("fixup", "skipinit", "rezero")
+    assert fixup.ADAPT_METHODS == ("fixup", "skipinit", "rezero")
+
+
+def _small_x() -> torch.Tensor:
+    return torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+
+
+
+
+# What each refusal must name: the library's builder for the method, or the methods adapt applies.
+_INSTEAD = {"nf_resnet": "create_model('resnet50', method='nf_resnet')",
+            "nf_resnet_nozero": "create_model('resnet50', method='nf_resnet_nozero')",
+            "t_fixup": "create_model('transformer_tiny', method='t_fixup')"}
+
+
+@pytest.mark.parametrize("method", [m for m in fixup.METHODS if m not in fixup.ADAPT_METHODS])
+def test_a_method_adapt_cannot_apply_is_refused_naming_what_works(method: str) -> None:
+    with pytest.raises(ValueError, match=f"got method='{method}': ") as err:
+        fixup.adapt(TinyEfficientNet(), _small_x(), method=method)
+    text = str(err.value)
+    assert _INSTEAD.get(method, f"method={method!r}") in text
+    if fixup.METHODS[method].nf or method == "t_fixup":
+        assert "'fixup'" in text and "'rezero'" in text  # what adapts a model written elsewhere instead
+
+
+def test_an_unknown_method_lists_the_table() -> None:
+    with pytest.raises(ValueError, match="unknown method 'nfnet'; choose among fixup, "):
+        fixup.adapt(TinyEfficientNet(), _small_x(), method="nfnet")
+
+
+# The real classes of docs/adapt.md's training table (timm: skipped where it is not installed), and torchvision's
+# ResNet-18 and ResNet-50 layouts, which run everywhere.
+_TABLE = [n for n in ZOO if n.split(" ")[0] in ("resnet18", "regnetx_002", "efficientnet_b0", "mobilenetv3_small_050",
+                                                  "convnext_atto", "vit_tiny_patch16_224", "resnet50")
+          and ZOO[n].source in ("timm", "torchvision (architecture)")]
+
+
+@pytest.mark.parametrize("name", _TABLE)
+@pytest.mark.parametrize("method", fixup.ADAPT_METHODS)
+def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str, method: str) -> None:
+    entry = ZOO[name]
+    _needs(entry.needs)
+    x = entry.example()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, report = fixup.adapt(entry.build(), x, method=method)
+    assert report.num_branches == entry.L and report.to_dict()["method"] == method
+    for other in (m for m in fixup.METHODS if m not in fixup.ADAPT_METHODS):
+        with pytest.raises(ValueError, match=f"got method='{other}'"):
+            fixup.adapt(entry.build(), x, method=other)
+    out = model(*as_inputs(x))
+    assert all(torch.isfinite(t).all() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t))

@@ -7,7 +7,16 @@
 9
 """
 
-from ._adapt import TRUNK_RULES, AdaptError, AdaptReport, adapt, load_original, trunk_init_
+from ._adapt import (
+    ADAPT_METHODS,
+    TRUNK_RULES,
+    AdaptError,
+    AdaptReport,
+    GateAdaptReport,
+    adapt,
+    load_original,
+    trunk_init_,
+)
 from ._convert import (
     ConvertError,
     ConvertReport,
@@ -33,6 +42,7 @@ from .report import FixupReport, FixupWarning, InitReport
 __version__ = "0.1.0"
 
 __all__ = [
+    "ADAPT_METHODS",
     "METHODS",
     "TRUNK_RULES",
     "AdaptError",
@@ -46,6 +56,7 @@ __all__ = [
     "FixupReport",
     "FixupWarning",
     "Gate",
+    "GateAdaptReport",
     "InitReport",
     "Method",
     "ResidualBlock",
