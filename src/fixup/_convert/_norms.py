@@ -25,7 +25,7 @@ from .._adapt import _vocab as V
 from .._adapt._record import is_plain_norm
 from ._layers import ChannelAffine, DynamicTanh
 
-__all__ = ["PER_EXAMPLE_OPTIONS", "fit", "layout", "placeholder"]
+__all__ = ["PER_EXAMPLE_OPTIONS", "fit", "layout", "unfitted"]
 
 PER_EXAMPLE_OPTIONS = ("refuse", "affine", "dyt")
 _ALPHAS = torch.logspace(-4, 2, 121, dtype=torch.float64)  # the search grid for DyT's alpha, then refined
@@ -127,7 +127,7 @@ def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: i
     return new, change
 
 
-def placeholder(mod: nn.Module, option: str, channels: int, dim: int) -> nn.Module:
+def unfitted(mod: nn.Module, option: str, channels: int, dim: int) -> nn.Module:
     """The replacement's structure without a fit (its values come from a saved state_dict)."""
     ref = next((p for p in mod.parameters()), None)
     new = ChannelAffine(channels, dim) if option == "affine" else DynamicTanh(channels, dim)

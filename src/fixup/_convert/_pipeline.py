@@ -275,7 +275,7 @@ def convert(
                 fates.append(NormFate(path, type(mod).__name__, "affine", plan.why, "", True, 0.0, calls))
         else:
             if _replay:
-                new, change = _norms.placeholder(mod, per_example_norms, *per_example[path]), float("nan")
+                new, change = _norms.unfitted(mod, per_example_norms, *per_example[path]), float("nan")
             else:
                 if sequential:  # what it receives now that the norms before it are replaced
                     seen[path] = _gather(source, batches, {path: mod}, {path})[1][path]
