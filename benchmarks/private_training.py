@@ -2,7 +2,10 @@
 
     # the table (issue 36, item 2): two architectures x five routes x epsilon 8 and 1 x seeds 0-2
     PYTHONPATH=src python benchmarks/private_training.py --json benchmarks/results/private_training.json
-    # smoke test: WRN-10-1 on 8x8 digits, one epoch, epsilon 8, seed 0
+    # ResNet-20 on 8x8 digits (about an hour on one core): the committed table
+    PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
+        --json benchmarks/results/private_training_resnet20_search.json
+    # smoke test: WRN-10-1 on 8x8 digits, one epoch, epsilon 8, seed 0, rate 0.5
     PYTHONPATH=src python benchmarks/private_training.py --quick
 
 Every run is ``fixup.train.fit`` with ``dp=True`` (the engine's private training, fixup.train.private: Poisson
@@ -11,6 +14,14 @@ spend ``--epsilons`` at ``--delta`` under the RDP accountant) on digits (1,437 t
 split), by default upsampled to 32x32 with three channels so that timm's ResNet-18 keeps spatial extent. SGD over
 ``fixup.param_groups`` (scalars at their own rate), cosine schedule, no weight decay, evaluation after the last
 epoch. The seed fixes initialisation, sampling and noise.
+
+The rate: each (architecture, epsilon, route) trains at its own peak rate, chosen on a validation split and never
+on the test set. A stratified ``--val-fraction`` of the training set (fixed by the split seed) is held out; each rate
+of ``--lrs`` trains on the rest with ``--search-seeds`` and is scored by its mean validation accuracy (a failed run
+scores 0; ties go to the smaller rate); where the best is the largest (smallest) searched, the search goes on at a
+rate twice as large (small), at most twice each way. The chosen rate then trains on the whole training set with
+``--seeds`` and is measured on the test set. ``--lr`` instead sets one rate for every route (no search). As usual in
+the DP literature, the search's own privacy cost is not counted in the epsilon reported.
 
 Architectures (``--archs``): ``resnet20`` (fixup-lab's CIFAR ResNet-20), ``timm-resnet18`` (timm's ResNet-18 class,
 ``timm.create_model("resnet18", num_classes=10)``, built offline), ``wrn10-1`` (fixup-lab's Wide-ResNet-10-1: the
@@ -138,10 +149,10 @@ def timm_resnet18_he(num_classes: int, in_channels: int) -> nn.Module:
 
 
 # -- one run --------------------------------------------------------------------------------------------------------
-def config_for(arch: str, route: str, epsilon: float, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+def config_for(arch: str, route: str, epsilon: float, seed: int, lr: float, opts: dict[str, Any]) -> dict[str, Any]:
     """The flat TrainConfig options of one run."""
     common = {"dataset": "digits", "image_size": opts["image_size"], "channels": opts["channels"],
-              "batch_size": opts["batch_size"], "epochs": opts["epochs"], "lr": opts["lr"],
+              "batch_size": opts["batch_size"], "epochs": opts["epochs"], "lr": lr,
               "momentum": opts["momentum"], "weight_decay": 0.0, "schedule": "cosine", "eval_every": opts["epochs"],
               "checkpoint": False, "seed": seed, "device": opts["device"], "dp": True, "target_epsilon": epsilon,
               "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"], "accountant": "rdp"}
@@ -167,7 +178,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import warnings
 
     torch.set_num_threads(spec["threads"])
-    row = {k: spec[k] for k in ("arch", "route", "epsilon", "seed")}
+    row = {k: spec[k] for k in ("arch", "route", "epsilon", "seed", "lr")}
+    row["split"] = "validation" if spec.get("val_fraction") else "test"
     rss_before = _rss_mb()
     cuda = spec["opts"]["device"] != "cpu" and torch.cuda.is_available()
     if cuda:
@@ -182,12 +194,21 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         from fixup.train import TrainConfig, fit
 
-        config = TrainConfig.from_dict(config_for(spec["arch"], spec["route"], spec["epsilon"], spec["seed"],
+        config = TrainConfig.from_dict(config_for(spec["arch"], spec["route"], spec["epsilon"], spec["seed"], spec["lr"],
                                                   spec["opts"]))
+        task = None
+        if spec.get("val_fraction"):  # the rate search: train on the training part, evaluate on the validation part
+            from fixup.data import load_images, split_validation
+            from fixup.train.image_task import ImageClassification
+
+            data = load_images(config.dataset, image_size=config.image_size, channels=config.channels,
+                               split_seed=config.split_seed, test_fraction=config.test_fraction)
+            task = ImageClassification(config, data=split_validation(data, spec["val_fraction"],
+                                                                     seed=config.split_seed))
         started = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Opacus's and torch's hook warnings, once per process
-            result = fit(config, progress=False, on_step=on_step)
+            result = fit(config, progress=False, on_step=on_step, task=task)
         steps = [b - a for a, b in itertools.pairwise(stamps)]
         row.update({"status": str(result.outcome), "reason": result.outcome.reason,
                     "acc": result.final.get("test_acc"), "epsilon_spent": result.privacy.get("epsilon"),
@@ -214,9 +235,62 @@ def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
             shown = (f"{100 * row['acc']:.1f}%, epsilon {row['epsilon_spent']:.2f}, "
                      f"{1000 * (row['s_per_step'] or 0):.0f} ms/step" if row["status"] == "completed" else
                      row.get("error") or f"{row['status']}: {row.get('reason', '')}")
-            print(f"  {row['arch']} {row['route']} eps {row['epsilon']:g} seed {row['seed']}: {shown}",
+            print(f"  {row['arch']} {row['route']} eps {row['epsilon']:g} lr {row['lr']:g} seed {row['seed']} "
+                  f"({row['split']}): {shown}",
                   file=sys.stderr, flush=True)
     return rows
+
+
+# -- the rate, chosen on a validation split ---------------------------------------------------------------------------
+EXTEND = 2.0  # a best rate at the edge of those searched: search this many times beyond it ...
+MAX_EXTENSIONS = 2  # ... at most this many times each way
+
+
+def _key(row: dict[str, Any]) -> tuple[str, float, str]:
+    return row["arch"], row["epsilon"], row["route"]
+
+
+def rate_scores(search: list[dict[str, Any]]) -> dict[tuple[str, float, str], dict[float, float]]:
+    """Mean validation accuracy per (arch, epsilon, route) and rate over the search seeds (a failed or diverged
+    run counts as 0)."""
+    acc: dict[tuple[str, float, str], dict[float, list[float]]] = {}
+    for r in search:
+        ok = r["status"] == "completed" and r.get("acc") is not None
+        acc.setdefault(_key(r), {}).setdefault(r["lr"], []).append(r["acc"] if ok else 0.0)
+    return {k: {lr: statistics.fmean(v) for lr, v in rates.items()} for k, rates in acc.items()}
+
+
+def best_rate(scores: dict[float, float]) -> float:
+    """The rate with the highest validation accuracy; ties go to the smaller rate."""
+    return max(sorted(scores), key=lambda lr: scores[lr])
+
+
+def extension(scores: dict[float, float], grid: list[float]) -> float | None:
+    """The next rate to search where the best is the largest (smallest) searched, or None."""
+    lr = best_rate(scores)
+    if lr == max(scores) and sum(r > max(grid) for r in scores) < MAX_EXTENSIONS:
+        return float(f"{lr * EXTEND:.3g}")
+    if lr == min(scores) and sum(r < min(grid) for r in scores) < MAX_EXTENSIONS:
+        return float(f"{lr / EXTEND:.3g}")
+    return None
+
+
+def search_rates(base: list[dict[str, Any]], grid: list[float], seeds: list[int], val_fraction: float,
+                 jobs: int) -> tuple[list[dict[str, Any]], dict[tuple[str, float, str], float]]:
+    """Every (arch, epsilon, route) of ``base`` trained at each rate of ``grid`` (and beyond a best at its edge) on
+    the training part, scored on the validation part; returns the search's rows and the chosen rates."""
+    rows: list[dict[str, Any]] = []
+    todo = [{**b, "lr": lr, "seed": s, "val_fraction": val_fraction} for b in base for lr in grid for s in seeds]
+    while todo:
+        rows += run_all(todo, jobs)
+        scores = rate_scores(rows)
+        todo = []
+        for b in base:
+            more = extension(scores[_key(b)], grid)
+            if more is not None and more not in scores[_key(b)]:
+                todo += [{**b, "lr": more, "seed": s, "val_fraction": val_fraction} for s in seeds]
+    scores = rate_scores(rows)
+    return rows, {k: best_rate(v) for k, v in scores.items()}
 
 
 # -- the table ------------------------------------------------------------------------------------------------------
@@ -240,7 +314,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         std = statistics.stdev(accs) if n > 1 else 0.0 if n else None
         half = _t95(n) * std / math.sqrt(n) if n > 1 else None
         times = [r["s_per_step"] for r in done if r.get("s_per_step")]
-        out.append({"arch": arch, "epsilon": eps, "route": route, "n": n, "acc_mean": mean, "acc_std": std,
+        out.append({"arch": arch, "epsilon": eps, "route": route, "lr": cell[0]["lr"], "n": n, "acc_mean": mean,
+                    "acc_std": std,
                     "acc_ci95": None if half is None else [mean - half, mean + half],
                     "ms_per_step": 1000 * statistics.median(times) if times else None,
                     "peak_memory_mb": max((r["peak_memory_mb"] for r in done), default=None),
@@ -276,8 +351,8 @@ def verdicts(summary: list[dict[str, Any]], epsilon: float = 8.0) -> list[dict[s
 
 
 def table(summary: list[dict[str, Any]], memory: str) -> str:
-    lines = [f"| architecture | epsilon | route | accuracy mean ± std (n) | 95% interval | ms/step | peak MB "
-             f"({memory}) | epsilon spent | outcomes |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| architecture | epsilon | route | rate | accuracy mean ± std (n) | 95% interval | ms/step | peak MB "
+             f"({memory}) | epsilon spent | outcomes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         acc = (f"{100 * s['acc_mean']:.1f} ± {100 * s['acc_std']:.1f} ({s['n']})" if s["acc_mean"] is not None
                else "failed")
@@ -286,9 +361,9 @@ def table(summary: list[dict[str, Any]], memory: str) -> str:
         mem = f"{s['peak_memory_mb']:.0f}" if s["peak_memory_mb"] is not None else ""
         eps = f"{s['epsilon_spent']:.2f}" if s["epsilon_spent"] is not None else ""
         outcomes = ", ".join(f"{o} x{s['outcomes'].count(o)}" for o in sorted(set(s["outcomes"])))
-        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {acc} | {ci} | {ms} | {mem} | {eps} | "
-                     f"{outcomes} |")
-        lines += [f"|  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
+        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {acc} | {ci} | {ms} | {mem} | "
+                     f"{eps} | {outcomes} |")
+        lines += [f"|  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
     return "\n".join(lines)
 
 
@@ -301,7 +376,12 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256, help="expected examples per step (Poisson: 1437 // steps)")
-    p.add_argument("--lr", type=float, default=0.5, help="SGD peak rate of the weights (cosine to 0)")
+    p.add_argument("--lrs", nargs="+", type=float, default=[0.1, 0.2, 0.5, 1.0],
+                   help="SGD peak rates of the weights (cosine to 0) searched per (architecture, epsilon, route) on the "
+                        "validation split, extended beyond a best rate at the edge (default 0.1 0.2 0.5 1)")
+    p.add_argument("--lr", type=float, default=None, help="one rate for every route: no search")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="of the training set, held out for the search")
+    p.add_argument("--search-seeds", nargs="+", type=int, default=[0], help="seeds of the search's runs")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="per-example clipping norm")
     p.add_argument("--image-size", type=int, default=32, help="digits upsampled to this (0: as stored, 8x8)")
@@ -315,13 +395,18 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.archs, args.epsilons, args.seeds, args.epochs = ["wrn10-1"], [8.0], [0], 1
-        args.image_size, args.channels, args.batch_size = 0, 0, 512
-    opts = {k: getattr(args, k) for k in ("image_size", "channels", "batch_size", "epochs", "lr", "momentum", "delta",
+        args.image_size, args.channels, args.batch_size, args.lr = 0, 0, 512, 0.5
+    opts = {k: getattr(args, k) for k in ("image_size", "channels", "batch_size", "epochs", "momentum", "delta",
                                           "max_grad_norm", "device")}
-    specs = [{"arch": a, "route": r, "epsilon": e, "seed": s, "opts": opts, "threads": args.threads}
-             for a in args.archs for e in args.epsilons for r in args.routes for s in args.seeds]
+    base = [{"arch": a, "route": r, "epsilon": e, "opts": opts, "threads": args.threads}
+            for a in args.archs for e in args.epsilons for r in args.routes]
     start = time.time()
-    rows = run_all(specs, args.jobs)
+    search: list[dict[str, Any]] = []
+    if args.lr is None:
+        search, chosen = search_rates(base, args.lrs, args.search_seeds, args.val_fraction, args.jobs)
+    else:
+        chosen = {_key(b): args.lr for b in base}
+    rows = run_all([{**b, "lr": chosen[_key(b)], "seed": s} for b in base for s in args.seeds], args.jobs)
     summary = summarise(rows)
     memory = rows[0]["memory"] if rows else ""
     print(table(summary, memory))
@@ -344,7 +429,8 @@ def main() -> None:
         out = {"settings": {**vars(args), "command": command, "torch": torch.__version__,
                             "opacus": opacus.__version__, "cuda": torch.cuda.get_device_name()
                             if torch.cuda.is_available() else None},
-               "runs": rows, "summary": summary, "target": checks, "table": table(summary, memory)}
+               "search": search, "runs": rows, "summary": summary, "target": checks,
+               "table": table(summary, memory)}
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 import tarfile
 
@@ -283,3 +284,25 @@ def test_cifar_crop_flip_cutout_and_mixup_each_change_the_batch_as_they_should(t
         torch.testing.assert_close(targets[i], lam * onehot[i] + (1 - lam) * onehot[hits[0]])
     assert sorted(partners) == list(range(len(cut))) and partners != list(range(len(cut)))  # a permutation
     assert torch.equal(y_mix, targets.argmax(1))
+
+
+def test_split_validation_holds_out_a_stratified_fixed_part_of_the_training_set_only() -> None:
+    from fixup.data import split_validation
+
+    data = load_images("digits")
+    parts = split_validation(data, 0.2, seed=0)
+    n = len(data.train)
+    assert len(parts.train) + len(parts.test) == n and len(parts.test) == math.ceil(0.2 * n)  # scikit-learn rounds up
+    # stratified: every class keeps about its share in the validation part
+    counts = torch.bincount(parts.test.labels, minlength=10).float() / len(parts.test)
+    assert torch.allclose(counts, torch.bincount(data.train.labels, minlength=10).float() / n, atol=0.02)
+    # disjoint, drawn from the training set, and fixed by the seed
+    rows = {tuple(x.flatten().tolist()) for x in parts.train.images} & {tuple(x.flatten().tolist())
+                                                                        for x in parts.test.images}
+    assert len(rows) < 5  # digits holds a few duplicate images; the parts share no index
+    again = split_validation(data, 0.2, seed=0)
+    assert torch.equal(again.test.labels, parts.test.labels) and torch.equal(again.test.images, parts.test.images)
+    assert not torch.equal(split_validation(data, 0.2, seed=1).test.images, parts.test.images)
+    assert split_validation(data, 0.2, seed=0, limit=100).train.labels.shape == (100,)
+    with pytest.raises(ValueError, match="fraction"):
+        split_validation(data, 1.5)

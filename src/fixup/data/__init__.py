@@ -8,7 +8,7 @@ read from their standard published files (see :mod:`fixup.data.image_formats`).
 """
 
 from .augment import normalize, random_crop, random_flip, resize_images
-from .images import DATASETS, STATS, ImageData, TensorImages, load_digits, load_images
+from .images import DATASETS, STATS, ImageData, TensorImages, load_digits, load_images, split_validation
 
 __all__ = [
     "DATASETS",
@@ -21,4 +21,5 @@ __all__ = [
     "random_crop",
     "random_flip",
     "resize_images",
+    "split_validation",
 ]

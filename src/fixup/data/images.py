@@ -12,6 +12,7 @@ in-memory sets also offer :meth:`TensorImages.batch` to gather a whole batch wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset
 
 from .augment import adapt_channels, resize_images
 
-__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "load_digits", "load_images"]
+__all__ = ["DATASETS", "STATS", "ImageData", "TensorImages", "load_digits", "load_images", "split_validation"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "svhn", "folder")
 
@@ -80,6 +81,33 @@ class ImageData:
     std: tuple[float, ...]
     classes: list[str] = field(default_factory=list)
     source: str = ""  # where it was read from
+
+
+def split_validation(data: ImageData, fraction: float, *, seed: int = 0, limit: int = 0) -> ImageData:
+    """``data`` with its training set split in two: ``train`` the training part, ``test`` the validation part.
+
+    A stratified ``fraction`` of the training set, fixed by ``seed``, is held out to choose hyperparameters on; the
+    test set is not touched. ``limit`` > 0 keeps at most that many training examples. Only in-memory sets
+    (:class:`TensorImages`: digits, CIFAR, SVHN) can be split; a ValueError names the set otherwise.
+    """
+    from sklearn.model_selection import train_test_split
+
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
+    t = data.train
+    if not isinstance(t, TensorImages):
+        raise ValueError(f"split_validation splits an in-memory training set; data set {data.name!r} is read from "
+                         "files: use digits, cifar10, cifar100 or svhn")
+    labels = t.labels.numpy()
+    train, val = train_test_split(np.arange(len(labels)), test_size=fraction, random_state=seed, stratify=labels)
+    if limit:
+        train = train[:limit]
+
+    def part(idx: np.ndarray) -> TensorImages:
+        i = torch.from_numpy(np.sort(idx))
+        return TensorImages(t.images[i], t.labels[i], size=t.size, resize=t.resize, channels=t.channels)
+
+    return dataclasses.replace(data, train=part(train), test=part(val))
 
 
 def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], channels: int) -> tuple[tuple, tuple]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,31 +17,6 @@ from .cells import Cell
 from .evidence import COMPLETED
 
 __all__ = ["batch_cell"]
-
-
-def _split(data: Any, val_fraction: float, limit: int, split_seed: int) -> tuple[Any, Any]:
-    """The training set's training and validation parts (stratified, fixed by ``split_seed``)."""
-    import numpy as np
-    import torch
-    from sklearn.model_selection import train_test_split
-
-    from ..data import TensorImages
-
-    if not isinstance(data.train, TensorImages):
-        raise ValueError(f"the batch study splits a validation set off an in-memory training set; data set "
-                         f"{data.name!r} is read from files: use digits, cifar10, cifar100 or svhn")
-    labels = data.train.labels.numpy()
-    train, val = train_test_split(np.arange(len(labels)), test_size=val_fraction, random_state=split_seed,
-                                  stratify=labels)
-    if limit:
-        train = train[:limit]
-    t = data.train
-
-    def part(idx: Any) -> TensorImages:
-        idx = torch.from_numpy(np.sort(idx))
-        return TensorImages(t.images[idx], t.labels[idx], size=t.size, resize=t.resize, channels=t.channels)
-
-    return part(train), part(val)
 
 
 def _batch_statistics_problem(model: Any, example: Any, smallest_batch: int) -> str:
@@ -107,7 +81,7 @@ def batch_cell(cell: Cell, work: Path) -> dict[str, Any]:
     Outcomes other than ``completed`` are results: ``diverged`` and ``collapsed`` from the engine, and ``failed``
     where a BatchNorm layer would see one value per channel at this batch (nothing is trained then).
     """
-    from ..data import load_images
+    from ..data import load_images, split_validation
     from ..train import TrainConfig, fit
     from ..train.image_task import ImageClassification
 
@@ -115,9 +89,10 @@ def batch_cell(cell: Cell, work: Path) -> dict[str, Any]:
     data = load_images(config.dataset, data_dir=config.data_dir or None, image_size=config.image_size,
                        resize=config.resize, channels=config.channels, split_seed=config.split_seed,
                        test_fraction=config.test_fraction)
-    train, val = _split(data, float(cell.config["val_fraction"]), int(cell.config.get("train_limit", 0)),
-                        config.split_seed)
-    task = ImageClassification(config, data=replace(data, train=train, test=val))  # the engine evaluates on val
+    parts = split_validation(data, float(cell.config["val_fraction"]), seed=config.split_seed,
+                             limit=int(cell.config.get("train_limit", 0)))
+    train, val = parts.train, parts.test
+    task = ImageClassification(config, data=parts)  # the engine evaluates on the validation part
     batch = config.batch_size
     steps = config.epochs * math.ceil(len(train) / batch)
     base = {"batch": batch, "steps": steps, "examples": config.epochs * len(train), "val_examples": len(val)}
