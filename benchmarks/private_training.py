@@ -29,6 +29,9 @@ smoke test's). Routes (``--routes``), each on every architecture:
 
 - ``fixup``: Fixup (fixup-lab's own model at ``norm="fixup"``; timm's through ``fixup.adapt``);
 - ``skipinit`` / ``rezero``: the same with SkipInit's / ReZero's gates;
+- ``nf_resnet``: the NF-ResNet of the same depth (scaled weight standardisation, the authors' zero-started skip
+  gains; ``norm="none", init="nf_resnet"``; fixup-lab's models only): normalisation-free and, like GroupNorm,
+  insensitive to its convolutions' scale, which DP-SGD's noise inflates;
 - ``groupnorm``, the reference route: the same architecture with GroupNorm where it had BatchNorm and no in-place
   addition on a module's output. fixup-lab's models at ``norm="groupnorm"``; timm's ResNet-18 as Opacus's
   ``ModuleValidator.fix`` makes it (each BatchNorm becomes ``GroupNorm(min(32, C), C)``), its ReLUs out of place
@@ -73,12 +76,12 @@ if (_ROOT / "src" / "fixup").is_dir():
 sys.path.insert(0, str(_ROOT / "tests"))
 
 ARCHS = ("resnet20", "timm-resnet18", "wrn10-1")
-ROUTES = ("fixup", "skipinit", "rezero", "groupnorm", "he")
+ROUTES = ("fixup", "skipinit", "rezero", "nf_resnet", "groupnorm", "he")
 _OURS = {"resnet20": {"model": "resnet_cifar", "depth": 20}, "wrn10-1": {"model": "wide_resnet", "depth": 10,
                                                                           "width": 1}}
 # fixup-lab's models: the route as (norm, init) of fixup.create_model.
 _OUR_ROUTES = {"fixup": ("fixup", ""), "skipinit": ("", "skipinit"), "rezero": ("", "rezero"),
-               "groupnorm": ("groupnorm", ""), "he": ("none", "")}
+               "nf_resnet": ("", "nf_resnet"), "groupnorm": ("groupnorm", ""), "he": ("none", "")}
 
 
 # -- timm's ResNet-18 in the reference and He forms (loaded by the engine as --adapt THIS_FILE:factory) -------------
@@ -160,6 +163,9 @@ def config_for(arch: str, route: str, epsilon: float, seed: int, lr: float, opts
         norm, init = _OUR_ROUTES[route]
         return {**common, **_OURS[arch], "norm": norm, "init": init}
     here = str(Path(__file__).resolve())
+    if route == "nf_resnet":
+        raise ValueError("fixup.adapt cannot apply nf_resnet to a model written elsewhere yet (issue 38); the route "
+                         "exists for fixup-lab's own models only")
     if route in ("fixup", "skipinit", "rezero"):
         return {**common, "adapt": f"{here}:timm_resnet18", "norm": "fixup" if route == "fixup" else "",
                 "init": "" if route == "fixup" else route}

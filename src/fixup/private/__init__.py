@@ -19,9 +19,9 @@ gradient per example. Four things break that, and this package mends them:
 - a module registered twice (a block's ``projection``, also ``shortcut[0]``): Opacus hooks it twice, counting its
   per-example gradients twice; :func:`prepare` calls the second registration by reference (:class:`SharedModule`);
 - a parameter module Opacus has no grad sampler for: :func:`register_grad_samplers` gives Fixup's scalars
-  (:class:`~fixup.nn.Bias`, :class:`~fixup.nn.Scale`, :class:`~fixup.nn.Gate`) exact per-example formulas;
-  everything else with parameters (NF-ResNets' ``ScaledStdConv2d``, a fused norm's bias with its activation)
-  goes to Opacus's functorch fallback, which is exact for them.
+  (:class:`~fixup.nn.Bias`, :class:`~fixup.nn.Scale`, :class:`~fixup.nn.Gate`) and NF-ResNets'
+  :class:`~fixup.nn.ScaledStdConv2d` exact per-example formulas; everything else with parameters (a fused norm's
+  bias with its activation) goes to Opacus's functorch fallback, which is exact for them.
 
 Wrappers keep the model's ``state_dict`` keys (the wrapped module's entries appear under its own path), so a
 checkpoint loads into the model before and after :func:`prepare`. Opacus is imported only by
@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import Bias, Gate, Scale
+from ..nn import Bias, Gate, Scale, ScaledStdConv2d
 from ._inplace import inplace_producers
 from ._modules import (
     FreshOutput,
@@ -173,10 +174,53 @@ def _scale_grad_sample(layer: Scale, activations: list[Tensor], backprops: Tenso
     return {layer.scale: per_example.to(layer.scale.dtype)}
 
 
+def _std_conv_grad_sample(layer: ScaledStdConv2d, activations: list[Tensor],
+                          backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+    """A weight-standardised convolution: each example's gradient of the weight it applies (an unfolded
+    product, as for any convolution), carried back through the standardisation to the raw weight and the gain in
+    closed form. Exact, and several times cheaper than Opacus's functorch fallback."""
+    x = activations[0].to(backprops.dtype)
+    n, groups = x.shape[0], layer.groups
+    padding = layer.padding
+    if layer.padding_mode != "zeros":  # reflect, replicate, circular: pad first, as the module does
+        x, padding = F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), 0
+    elif padding == "valid":
+        padding = 0
+    elif isinstance(padding, str):
+        raise ValueError(f"{type(layer).__name__} with padding={padding!r} has no per-example gradient formula here; "
+                         "give its padding in pixels")
+    cols = F.unfold(x, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)
+    cols = cols.reshape(n, groups, -1, cols.shape[-1])                          # (n, g, C/g * k * k, L)
+    grads = backprops.reshape(n, groups, layer.out_channels // groups, -1)      # (n, g, O/g, L)
+    applied = torch.einsum("ngol,ngpl->ngop", grads, cols).reshape(n, *layer.weight.shape)
+    # W_applied = gain * u with u = (w - mean) * r, r = 1 / sqrt(max(N var, eps)) per row of N fan-in weights. With
+    # G an example's gradient of W_applied: d gain = sum_row G u, and d w = gain r (G - mean_row G - u sum_row u G),
+    # the last term absent where the floor eps holds (r is then a constant). Computed on (n, out, N) views, in place.
+    w = layer.weight.detach().to(applied.dtype).flatten(1)                     # (out, N)
+    var, mean = torch.var_mean(w, dim=1, correction=0, keepdim=True)
+    spread = var * w.shape[1]
+    r = torch.rsqrt(torch.clamp(spread, min=layer.eps))
+    u = (w - mean) * r
+    g = applied.flatten(2)                                                     # (n, out, N)
+    along_u = torch.einsum("nop,op->no", g, u)                                 # sum_row u G, per example
+    out: dict[nn.Parameter, Tensor] = {}
+    if layer.gain.requires_grad:
+        out[layer.gain] = along_u.reshape(n, *layer.gain.shape).to(layer.gain.dtype)
+    if layer.weight.requires_grad:
+        kept = torch.where(spread > layer.eps, u, 0.0)
+        g.sub_(g.mean(dim=2, keepdim=True)).sub_(along_u.unsqueeze(2) * kept)
+        g.mul_(layer.gain.detach().to(g.dtype).reshape(1, -1, 1) * r.reshape(1, -1, 1))
+        out[layer.weight] = g.reshape(n, *layer.weight.shape).to(layer.weight.dtype)
+    if layer.bias is not None and layer.bias.requires_grad:
+        out[layer.bias] = backprops.reshape(n, layer.out_channels, -1).sum(-1).to(layer.bias.dtype)
+    return out
+
+
 def register_grad_samplers() -> None:
     """Register the per-example gradients of Fixup's scalars with Opacus (needs the ``dp`` extra). Idempotent.
 
-    Opacus matches a module's exact type, so each of :class:`Bias`, :class:`Scale` and :class:`Gate` is named;
+    Opacus matches a module's exact type, so each of :class:`Bias`, :class:`Scale`, :class:`Gate` and
+    :class:`ScaledStdConv2d` is named;
     subclasses with more inside (adapt's fused norm bias with its activation) go to Opacus's functorch fallback.
     """
     try:
@@ -186,6 +230,7 @@ def register_grad_samplers() -> None:
             from err
     register_grad_sampler(Bias)(_bias_grad_sample)
     register_grad_sampler([Scale, Gate])(_scale_grad_sample)
+    register_grad_sampler(ScaledStdConv2d)(_std_conv_grad_sample)
 
 
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: Iterable, *,
