@@ -31,7 +31,7 @@ from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
 from ..init import fixup_init_, initialise_
-from ..method import as_method
+from ..method import ADAPT_METHODS, Method, as_method
 from ..report import warn_report
 from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
@@ -47,17 +47,16 @@ __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAda
            "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
 
 
-# The methods adapt applies: Fixup, and those whose only structural change is a gate per branch.
-ADAPT_METHODS = ("fixup", "skipinit", "rezero")
-
-
-def _refusal(method: str) -> str:
-    """Why adapt does not apply ``method`` to a model written elsewhere, and what does instead."""
+def _adapted_method(method: str) -> Method:
+    """The method of :data:`fixup.METHODS` named ``method``, if adapt applies it (``Method.adapt``); else a
+    ValueError saying why not and what does instead."""
     head = f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}"
     try:
         m = as_method(method)
     except ValueError as err:
-        return f"{head}: {err}"
+        raise ValueError(f"{head}: {err}") from None
+    if m.adapt:
+        return m
     if m.nf:
         why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
                f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
@@ -73,7 +72,7 @@ def _refusal(method: str) -> str:
     else:
         why = ("a baseline needs no adapting: train the model as written (its own normalisation), or build a "
                f"library model with fixup.create_model(name, method={m.name!r})")
-    return f"{head}: {why}"
+    raise ValueError(f"{head}: {why}")
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -209,9 +208,8 @@ def adapt(
     """
     if trunk not in TRUNK_RULES:
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
-    if method not in ADAPT_METHODS:
-        raise ValueError(_refusal(method))
-    gated = method != "fixup"
+    chosen = _adapted_method(method)
+    gated = chosen.adapt == "gate"
     if not gated and gate_biases:
         raise ValueError("gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
                          "always has its scalar biases (rule 3): leave gate_biases out for method='fixup'")
@@ -260,7 +258,7 @@ def adapt(
                                          if isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() >= 2])
     source.trunk_tokens = DeclaredTokens(analysis.tokens)
     if gated:
-        report = initialise_(source, as_method(method), generator=generator, **init_options)
+        report = initialise_(source, chosen, generator=generator, **init_options)
         for handle in rw.gated_layer_scales:
             handle.reset_parameters()
     else:

@@ -19,7 +19,7 @@ from typing import Any
 from ..method import Method, resolve_method
 from .config import TrainConfig
 
-__all__ = ["Recipe", "apply_recipe", "recipe_defaults"]
+__all__ = ["Recipe", "apply_recipe", "config_method", "recipe_defaults", "warmup_options"]
 
 _CLIP_SOURCES = {"agc": "adaptive gradient clipping (Brock et al. 2021b, section 4.1; fixup.adaptive_clip_grad_)"}
 
@@ -96,7 +96,16 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
     method = resolve_method(merged.get("norm") or None, merged.get("init") or None)
     if not method.warmup and "warmup_steps" not in given:
         schedule = given.get("schedule", out.get("schedule"))
+        period = warmup_options(method, out.pop("warmup_steps", 0))
         if schedule == "inverse_sqrt" and "decay_period" not in given and not out.get("decay_period"):
-            out["decay_period"] = out.get("warmup_steps", 0)
+            out.update(period)
         out["warmup_steps"] = 0
     return out
+
+
+def warmup_options(method: Method, warmup_steps: int) -> dict[str, int]:
+    """The schedule options of a recipe whose warm-up is ``warmup_steps`` long, as ``method`` trains with it:
+    ``{"warmup_steps": warmup_steps}``, or for a method whose recipe has no warm-up (``Method.warmup`` False:
+    T-Fixup) ``{"decay_period": warmup_steps}``: the inverse square-root decay from the first step, with the
+    warm-up's length as its period (T-Fixup's authors' IWSLT recipe: P = 4,000, the base recipe's warm-up)."""
+    return {"warmup_steps" if method.warmup else "decay_period": warmup_steps}
