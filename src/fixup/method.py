@@ -37,9 +37,11 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   embeddings scaled by depth).
 
 Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
-(``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``, ``nf_resnet``, ``t_fixup``). To add a method, add a
-row here and, if no initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method,
-generator=...)``.
+(``fixup``, ``baselines``, ``lsuv``, ``gates``, ``nf_resnet``, ``t_fixup``: the keys of ``fixup.init.INITIALISERS``).
+Every fact of a method is a field of its row (the families it applies to, how :func:`fixup.adapt` applies it,
+its recipe's clipping and warm-up), read where it is needed. To add a method, add a row here and, if no
+initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method, generator=...)``, registered
+in ``fixup.init.INITIALISERS``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["ADAPT_FORMS", "ADAPT_METHODS", "AGC_RULES", "CLIPPINGS", "DEFAULT_INIT", "FAMILIES", "FAN_MODES",
-           "GATE_DRAWS", "INITIALISERS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
+           "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
 # Where the bias that ends each residual branch sits and how it learns:
@@ -59,8 +61,6 @@ SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the dept
 STREAM_BIAS = ("budget", "paper", "none")
 # He's two fan conventions: fan_in keeps the forward signal's scale, fan_out the backward one's.
 FAN_MODES = ("fan_in", "fan_out")
-# The modules of fixup.init, one per method family; a Method names the one that initialises it.
-INITIALISERS = ("fixup", "baselines", "lsuv", "skipinit", "rezero", "nf_resnet", "t_fixup")
 # The model families a method applies to, each with what it is. A model's constructor refuses a method of another
 # family (fixup.models), as it refuses a norm it does not build (BatchNorm in the Transformer, LayerNorm in a ResNet).
 FAMILIES = {
@@ -115,7 +115,8 @@ class Method:
     zero_branch: bool = False  # every weight of every residual branch zero (ablation)
     zero_init_last_norm: bool = False  # each block's last norm gain 0 (Goyal et al. 2017; batchnorm/groupnorm)
     gate: bool = False  # each residual branch ends in a learnable scalar gate that starts at 0 (skipinit, rezero)
-    initialiser: str = "baselines"  # the module of fixup.init that initialises a model for it (INITIALISERS)
+    # The initialiser of fixup.init that initialises a model for it: a key of fixup.init.INITIALISERS, the registry.
+    initialiser: str = "baselines"
     nf: bool = False  # NF-ResNet blocks: weight-standardised convolutions, h + alpha * F(h / beta) (nf_resnet)
     family: str = "any"  # the model families it applies to (FAMILIES); others refuse it with a ValueError
     adapt: str = ""  # how fixup.adapt applies it to a model written elsewhere (ADAPT_FORMS); "" = it does not
@@ -128,11 +129,9 @@ class Method:
     # NF-ResNet and SkipInit authors' code exempts them (param_groups' "gains_biases" group).
     decay_gains: bool = True
     draw: str = "standard"  # how a gated method draws its weights (GATE_DRAWS)
+    summary: str = ""  # the line its initialisation report opens with, in its paper's words (the gated methods)
 
     def __post_init__(self) -> None:
-        if self.initialiser not in INITIALISERS:
-            raise ValueError(f"initialiser must be one of {INITIALISERS} (a module of fixup.init), got "
-                             f"{self.initialiser!r}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
         if self.adapt not in ADAPT_FORMS:
@@ -189,6 +188,7 @@ def _fixup(init: str, description: str, **kw: object) -> Method:
 
 
 _NORMED = "He-initialised convolutions, normalisation gain 1 and shift 0"
+_SKIPINIT = "no normalisation; each residual branch times a scalar gain that starts at 0; no depth scaling"
 _ALL: tuple[Method, ...] = (
     _fixup("fixup", "Fixup: rules 1-3 (section 3), the stream biases sharing one scalar's rate and the stem drawn "
            "from its fan-in (our corrections)", adapt="fixup"),
@@ -218,12 +218,15 @@ _ALL: tuple[Method, ...] = (
     # every weight layer as the He baseline does, the stem from its fan-in as Fixup's (docs/methods.md).
     Method("none", "skipinit", "SkipInit (De & Smith 2020): no normalisation, each branch times a scalar gain that "
            "starts at 0, no depth scaling; weights truncated normal with std 1/sqrt(fan_in), the classifier at 0 "
-           "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="skipinit", draw="truncated_fan_in",
-           decay_gains=False, adapt="gate"),
+           "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="gates", draw="truncated_fan_in",
+           decay_gains=False, adapt="gate",
+           summary=f"{_SKIPINIT}; the authors' draw (truncated normal from the fan-in, classifier at 0)"),
     Method("none", "skipinit_he", "SkipInit on the He baseline's draw (fan-out) with PyTorch's default classifier "
-           "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="skipinit"),
+           "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="gates",
+           summary=_SKIPINIT),
     Method("none", "rezero", "ReZero (Bachlechner et al. 2020): x + alpha * F(x) with alpha = 0 per branch, "
-           "normalisation removed", stem_mode="fan_in", gate=True, initialiser="rezero", adapt="gate"),
+           "normalisation removed", stem_mode="fan_in", gate=True, initialiser="gates", adapt="gate",
+           summary="x + alpha * F(x) with alpha = 0 per residual branch; normalisation removed"),
     # Brock, De & Smith (ICLR 2021), as the authors' released code builds and trains it; adaptive gradient
     # clipping is from their follow-up (Brock et al. 2021b), which trains NF-ResNets with it (docs/methods.md).
     Method("none", "nf_resnet", "NF-ResNet (Brock et al. 2021): scaled weight standardisation, blocks h + alpha * "

@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..branch import WEIGHT_LAYERS, find_branches, find_classifier
+from ..branch import find_branches, find_classifier
 from ..method import Method
-from ..nn import RELU_GAMMA, Bias, Scale, ScaledStdConv2d
-from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
+from ..nn import RELU_GAMMA, ScaledStdConv2d
+from ..report import InitReport, LayerRecord, layer_records, some_of
 from ._layers import check_layer, draw_, record
+from ._skeleton import module_names, norm_warnings, remaining_norms, sweep_rest_
 from .fans import fans, groups_of, he_std
 
 __all__ = ["CLASSIFIER_STD", "NFBlockRecord", "NFReport", "initialise_"]
@@ -115,7 +116,7 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     N(0, 0.01) (bias 0), any other weight layer He from its fan-in, every branch gain at 0 where the method has
     one; return the report. ``base`` is unused: standardisation fixes every layer's scale. Raises, before any
     weight changes, on a model whose blocks are not NF blocks."""
-    names = {id(mod): name for name, mod in model.named_modules()}
+    names = module_names(model)
     branches = find_branches(model)
     if not branches or any(not branch.kind.startswith("nf-") for _, branch in branches):
         other = sorted({branch.kind for _, branch in branches if not branch.kind.startswith("nf-")})
@@ -127,9 +128,8 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
                          f"(fixup.create_model(name, method={method.name!r}))")
     classifier = find_classifier(model)
     cls_names = [check_layer(layer, "classifier", names) for layer in classifier]
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    warnings = [f"normalisation layer {rec.name!r} ({rec.type}) is still present; {method.name} removes it"
-                for rec in norms]
+    norms = remaining_norms(model)
+    warnings = norm_warnings(norms, f"{method.name} removes it")
 
     handled = {id(c) for c in classifier}
     records: dict[str, LayerRecord] = {}
@@ -146,18 +146,13 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     for layer, lname in zip(classifier, cls_names):
         draw_(layer, CLASSIFIER_STD, generator)
         cls_records.append(record(lname, layer, CLASSIFIER_STD))
-    other, untouched, num_scalars = [], [], 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, (Bias, Scale)):
-            mod.reset_parameters()  # a gate starts at 0
-            num_scalars += 1
-        elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
-            std = he_std(mod.weight, "fan_in", groups_of(mod))
-            draw_(mod, std, generator)
-            other.append(record(name, mod, std))
-        elif (id(mod) not in handled and describe_norm(name, mod) is None
-              and any(True for _ in mod.parameters(recurse=False))):
-            untouched.append(f"{name} ({type(mod).__name__})")
+
+    def draw_other(mod: nn.Module, name: str) -> LayerRecord:  # any other weight layer: He from its fan-in
+        std = he_std(mod.weight, "fan_in", groups_of(mod))
+        draw_(mod, std, generator)
+        return record(name, mod, std)
+
+    rest = sweep_rest_(model, handled, draw_other)  # a gate starts at 0
 
     blocks = []
     for block_name, branch in branches:
@@ -171,6 +166,6 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     last = blocks[-1]
     output_std = math.sqrt((1.0 if last.transition else last.beta**2) + alpha**2)
     return NFReport(method=method.name, num_branches=len(branches), blocks=blocks, classifier=cls_records,
-                    other_layers=other, untouched=untouched, num_scalars=num_scalars, normalization=norms,
-                    warnings=warnings, alpha=alpha, output_std=output_std, num_standardized=num_standardized,
-                    scheme="scaled weight standardisation", fan_mode="fan_in")
+                    other_layers=rest.other, untouched=rest.untouched, num_scalars=rest.num_scalars,
+                    normalization=norms, warnings=warnings, alpha=alpha, output_std=output_std,
+                    num_standardized=num_standardized, scheme="scaled weight standardisation", fan_mode="fan_in")

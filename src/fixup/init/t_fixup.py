@@ -23,9 +23,9 @@ from torch import nn
 
 from ..branch import find_branches, find_classifier
 from ..method import Method
-from ..nn import Bias, Scale
-from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
+from ..report import InitReport, LayerRecord, layer_records, some_of
 from ._layers import record
+from ._skeleton import module_names, norm_warnings, remaining_norms, sweep_rest_
 from .fans import xavier_std
 
 __all__ = ["TFixupReport", "decoder_factor", "encoder_factor", "initialise_"]
@@ -121,11 +121,10 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     depth = {name: len(list(layers)) for name, (layers, _, _) in plan.items()}
     factor = {"encoder": encoder_factor(depth["encoder"]), "decoder": decoder_factor(depth["decoder"])}
     embed_factor = {name: decoder_factor(n) for name, n in depth.items()}  # (9N)^(-1/4), N the stack's own
-    names = {id(mod): name for name, mod in model.named_modules()}
+    names = module_names(model)
     classifier = find_classifier(model)
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    warnings = [f"normalisation layer {rec.name!r} ({rec.type}) is still present; T-Fixup removes every LayerNorm"
-                for rec in norms]
+    norms = remaining_norms(model)
+    warnings = norm_warnings(norms, "T-Fixup removes every LayerNorm")
 
     stds: dict[int, float] = {}
     for mod in model.modules():
@@ -158,16 +157,9 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     special = {id(layer) for _, (_, _, layers) in plan.items() for layer in layers} | {id(c) for c in classifier}
     other = [record(names[id(mod)], mod, stds[id(mod)]) for mod in model.modules()
              if isinstance(mod, nn.Linear) and id(mod) not in special]
-    untouched, num_scalars = [], 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, (Bias, Scale)):
-            mod.reset_parameters()
-            num_scalars += 1
-        elif (id(mod) not in seen and id(mod) not in stds and describe_norm(name, mod) is None
-              and any(True for _ in mod.parameters(recurse=False))):
-            untouched.append(f"{name} ({type(mod).__name__})")
+    rest = sweep_rest_(model, seen | set(stds))  # every linear layer and embedding is drawn above
     return TFixupReport(method=method.name, num_branches=len(find_branches(model)), scheme="Xavier uniform",
-                        other_layers=other, untouched=untouched, num_scalars=num_scalars, normalization=norms,
+                        other_layers=other, untouched=rest.untouched, num_scalars=rest.num_scalars, normalization=norms,
                         warnings=warnings, fan_mode="xavier", encoder_layers=depth["encoder"],
                         decoder_layers=depth["decoder"], encoder_factor=factor["encoder"],
                         decoder_factor=factor["decoder"], scaled=scaled, embeddings=embeddings,

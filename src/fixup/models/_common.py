@@ -1,7 +1,7 @@
 """Pieces the model constructors share: the method check, the normalisation layer and the scalars.
 
-A constructor receives its :class:`~fixup.method.Method` (or a method's name), checks it against the
-norms its architecture builds and the family it belongs to with :func:`check_method`, builds its scalars from it, and ends with
+A constructor receives its :class:`~fixup.method.Method` (or a method's name), checks it against the norms its
+architecture builds and the family it belongs to with :func:`check_method`, builds its scalars from it, and ends with
 ``self.init_report = initialise_(self, method, generator=generator)`` (:func:`fixup.init.initialise_`).
 """
 
