@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.init.t_fixup import TFixupReport, decoder_factor, encoder_factor
+from fixup.init.t_fixup import decoder_factor, encoder_factor
 from fixup.nn import Bias, Scale
+from fixup.report import TFixupReport
 from fixup.train.task import Shard
 from fixup.translation.task import TranslationTask, translation_config
 
