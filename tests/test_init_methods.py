@@ -9,7 +9,6 @@ import torch
 
 import fixup
 from fixup.init import INITIALISERS, initialise_
-from fixup.method import INITIALISERS as NAMED
 
 
 def _branch_std(model: torch.nn.Module) -> float:
@@ -17,8 +16,16 @@ def _branch_std(model: torch.nn.Module) -> float:
 
 
 def test_every_method_names_an_initialiser_of_the_package() -> None:
-    assert set(NAMED) == set(INITIALISERS)
     assert {m.initialiser for m in fixup.METHODS.values()} == set(INITIALISERS)
+
+
+def test_a_method_naming_no_initialiser_is_refused_with_the_registry() -> None:
+    import dataclasses
+
+    typo = dataclasses.replace(fixup.METHODS["he"], initialiser="baseline")
+    with pytest.raises(ValueError, match=r"names the initialiser 'baseline', which fixup.init does not have; "
+                                         r"choose one of fixup, baselines"):
+        initialise_(fixup.create_model("resnet20"), typo)
 
 
 def test_fixup_init_on_an_ablation_keeps_the_ablation() -> None:

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.init.nf_resnet import CLASSIFIER_STD, NFReport
+from fixup.init.nf_resnet import CLASSIFIER_STD
 from fixup.models.nf_blocks import NF_ALPHA, NFBasicBlock, NFBottleneck, expected_stds
 from fixup.nn import RELU_GAMMA, Gate, ScaledStdConv2d
+from fixup.report import NFReport
 
 NF_BLOCKS = (NFBasicBlock, NFBottleneck)
 FAMILIES = {  # the smallest model of each family the method applies to

@@ -11,10 +11,8 @@ from torch import nn
 
 import fixup
 from fixup.branch import find_branches
-from fixup.init.nf_resnet import NFReport
-from fixup.init.t_fixup import TFixupReport
 from fixup.nn import Gate
-from fixup.report import FixupReport, GateReport, LayerRecord, describe_norm
+from fixup.report import FixupReport, GateReport, LayerRecord, NFReport, TFixupReport, describe_norm
 
 # Builders small enough to initialise for real in a test (the others are checked on the meta device).
 SMALL = {"resnet_cifar": {"depth": 8}, "resnet20": {}, "wide_resnet": {"depth": 10, "width": 2},

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.init.t_fixup import TFixupReport, decoder_factor, encoder_factor
+from fixup.init.t_fixup import decoder_factor, encoder_factor
 from fixup.nn import Bias, Scale
+from fixup.report import TFixupReport
 from fixup.train.task import Shard
 from fixup.translation.task import TranslationTask, translation_config
 
@@ -68,10 +69,12 @@ def test_scaled_weights_have_the_paper_s_factor_times_xavier() -> None:
 
 
 def test_other_families_refuse_it_and_it_refuses_a_model_without_stacks() -> None:
-    with pytest.raises(ValueError, match=r"t_fixup is not available for CifarResNet: it applies to the encoder"):
+    with pytest.raises(ValueError, match=r"t_fixup is not available for the CIFAR ResNet: it applies to the encoder"):
         fixup.create_model("resnet20", method="t_fixup")
-    with pytest.raises(ValueError, match=r"t_fixup is not available for WideResNet"):
+    with pytest.raises(ValueError, match=r"t_fixup is not available for the Wide-ResNet"):
         fixup.create_model("wide_resnet", depth=10, method="t_fixup")
+    with pytest.raises(ValueError, match=r"t_fixup is not available for CifarResNet: it applies to the encoder"):
+        fixup.init.initialise_(fixup.create_model("resnet20"), "t_fixup")  # a model without stacks()
     assert not fixup.METHODS["t_fixup"].warmup and fixup.METHODS["t_fixup"].family == "transformer"
 
 

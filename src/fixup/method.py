@@ -37,9 +37,11 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   embeddings scaled by depth).
 
 Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
-(``fixup``, ``baselines``, ``lsuv``, ``skipinit``, ``rezero``, ``nf_resnet``, ``t_fixup``). To add a method, add a
-row here and, if no initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method,
-generator=...)``.
+(``fixup``, ``baselines``, ``lsuv``, ``gates``, ``nf_resnet``, ``t_fixup``: the keys of ``fixup.init.INITIALISERS``).
+Every fact of a method is a field of its row (the families it applies to, how :func:`fixup.adapt` applies it,
+its recipe's clipping and warm-up), read where it is needed. To add a method, add a row here and, if no
+initialiser fits, a module of :mod:`fixup.init` with an ``initialise_(model, method, generator=...)``, registered
+in ``fixup.init.INITIALISERS``.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["AGC_RULES", "DEFAULT_INIT", "FAMILIES", "FAN_MODES", "GATE_DRAWS", "INITIALISERS", "METHODS", "STREAM_BIAS",
-           "Method", "as_method", "resolve_method"]
+__all__ = ["ADAPT_FORMS", "ADAPT_METHODS", "AGC_RULES", "CLIPPINGS", "DEFAULT_INIT", "FAMILIES", "FAN_MODES",
+           "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
 # Where the bias that ends each residual branch sits and how it learns:
@@ -59,14 +61,26 @@ SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the dept
 STREAM_BIAS = ("budget", "paper", "none")
 # He's two fan conventions: fan_in keeps the forward signal's scale, fan_out the backward one's.
 FAN_MODES = ("fan_in", "fan_out")
-# The modules of fixup.init, one per method family; a Method names the one that initialises it.
-INITIALISERS = ("fixup", "baselines", "lsuv", "skipinit", "rezero", "nf_resnet", "t_fixup")
-# The model families a method applies to: "any" residual network the library builds, the convolutional
-# ResNets only (CIFAR, Wide and ImageNet ResNets), or the encoder-decoder Transformer only.
-FAMILIES = ("any", "resnet", "transformer")
-# The gradient clipping of a method's own recipe: "" (none prescribed; the engine's default applies) or "agc"
-# (adaptive gradient clipping, fixup.adaptive_clip_grad_; `fixup train --clip agc`).
-RECIPE_CLIPS = ("", "agc")
+# The model families a method applies to, each with what it is. A model's constructor refuses a method of another
+# family (fixup.models), as it refuses a norm it does not build (BatchNorm in the Transformer, LayerNorm in a ResNet).
+FAMILIES = {
+    "any": "any residual network the library builds",
+    "resnet": "the convolutional ResNets (CIFAR, Wide and ImageNet ResNets)",
+    "transformer": "the encoder-decoder Transformer",
+}
+# How fixup.adapt applies a method to a model written elsewhere:
+#   "":      it does not (the method needs the library's own blocks, or is a baseline: train the model as written);
+#   "fixup": every normalisation becomes a scalar bias (or goes), the Fixup rule (fixup.fixup_init_);
+#   "gate":  every normalisation goes, each branch ends in a gate at 0, drawn by the method's initialiser.
+ADAPT_FORMS = ("", "fixup", "gate")
+# Gradient clipping: the one vocabulary of the method table (Method.clip: "" when the method prescribes none), of
+# the training config (TrainConfig.clip, which adds "auto": the method's own, else "norm") and of the recipe the
+# engine applies (fixup.train.recipe). Each with what it is, as a recipe's note says it.
+CLIPPINGS = {
+    "norm": "global-norm clipping (torch.nn.utils.clip_grad_norm_, to grad_clip)",
+    "agc": "adaptive gradient clipping (Brock et al. 2021b, section 4.1; fixup.adaptive_clip_grad_)",
+    "none": "no clipping",
+}
 # Which tensors adaptive gradient clipping leaves out (fixup.clip.agc_exempt):
 #   "classifier":   the classifier's weight, left unclipped; every other tensor clipped unit-wise (Brock et al.
 #                   2021b, as their released NFNet code runs it);
@@ -101,25 +115,29 @@ class Method:
     zero_branch: bool = False  # every weight of every residual branch zero (ablation)
     zero_init_last_norm: bool = False  # each block's last norm gain 0 (Goyal et al. 2017; batchnorm/groupnorm)
     gate: bool = False  # each residual branch ends in a learnable scalar gate that starts at 0 (skipinit, rezero)
-    initialiser: str = "baselines"  # the module of fixup.init that initialises a model for it (INITIALISERS)
+    # The initialiser of fixup.init that initialises a model for it: a key of fixup.init.INITIALISERS, the registry.
+    initialiser: str = "baselines"
     nf: bool = False  # NF-ResNet blocks: weight-standardised convolutions, h + alpha * F(h / beta) (nf_resnet)
     family: str = "any"  # the model families it applies to (FAMILIES); others refuse it with a ValueError
-    clip: str = ""  # the gradient clipping its recipe uses (RECIPE_CLIPS); "" = none prescribed
-    warmup: bool = True  # whether its recipe may warm the learning rate up (T-Fixup's does not: False)
+    adapt: str = ""  # how fixup.adapt applies it to a model written elsewhere (ADAPT_FORMS); "" = it does not
+    clip: str = ""  # the gradient clipping its recipe uses (a key of CLIPPINGS); "" = none prescribed
+    # Whether its recipe may warm the learning rate up. T-Fixup's does not (False): its inverse square-root
+    # schedule decays from the first step, with the warm-up's length as its period (fixup.train.recipe).
+    warmup: bool = True
     agc_exempt: str = "zero_started"  # what AGC leaves out (AGC_RULES) under clip agc, its recipe's or explicit
     # Whether gains and biases (weight-standardised layers' gains, layer biases, gates) take weight decay; the
     # NF-ResNet and SkipInit authors' code exempts them (param_groups' "gains_biases" group).
     decay_gains: bool = True
     draw: str = "standard"  # how a gated method draws its weights (GATE_DRAWS)
+    summary: str = ""  # the line its initialisation report opens with, in its paper's words (the gated methods)
 
     def __post_init__(self) -> None:
-        if self.initialiser not in INITIALISERS:
-            raise ValueError(f"initialiser must be one of {INITIALISERS} (a module of fixup.init), got "
-                             f"{self.initialiser!r}")
         if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
-        if self.clip not in RECIPE_CLIPS:
-            raise ValueError(f"clip must be one of {RECIPE_CLIPS}, got {self.clip!r}")
+            raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
+        if self.adapt not in ADAPT_FORMS:
+            raise ValueError(f"adapt must be one of {ADAPT_FORMS}, got {self.adapt!r}")
+        if self.clip and self.clip not in CLIPPINGS:
+            raise ValueError(f"clip must be one of {tuple(CLIPPINGS)} or '' (none prescribed), got {self.clip!r}")
         if self.agc_exempt not in AGC_RULES:
             raise ValueError(f"agc_exempt must be one of {AGC_RULES}, got {self.agc_exempt!r}")
         if self.draw not in GATE_DRAWS:
@@ -170,9 +188,10 @@ def _fixup(init: str, description: str, **kw: object) -> Method:
 
 
 _NORMED = "He-initialised convolutions, normalisation gain 1 and shift 0"
+_SKIPINIT = "no normalisation; each residual branch times a scalar gain that starts at 0; no depth scaling"
 _ALL: tuple[Method, ...] = (
     _fixup("fixup", "Fixup: rules 1-3 (section 3), the stream biases sharing one scalar's rate and the stem drawn "
-           "from its fan-in (our corrections)"),
+           "from its fan-in (our corrections)", adapt="fixup"),
     _fixup("fixup_paper", "Fixup as the authors parameterise it: every scalar at the same rate, the stem drawn from "
            "its fan-out", stream_bias="paper", stem_mode="fan_out"),
     _fixup("fixup_no_stream_bias", "Fixup with rule 3 taken literally: no bias added to the residual stream",
@@ -183,12 +202,14 @@ _ALL: tuple[Method, ...] = (
     _fixup("fixup_zero_branch", "Fixup with every residual-branch weight zero (ablation)", zero_branch=True),
     _fixup("fixup_no_bias", "Fixup without the scalar biases (ablation)", biases=False),
     _fixup("fixup_no_scale", "Fixup without the scalar multiplier (ablation)", scale=False),
-    Method("none", "he", "no normalisation, He initialisation"),
-    Method("none", "xavier", "no normalisation, Xavier (Glorot) initialisation"),
+    # Without normalisation and without a gate, the baselines are built for the ResNets (the Transformer is built
+    # without normalisation only for a gated method or T-Fixup).
+    Method("none", "he", "no normalisation, He initialisation", family="resnet"),
+    Method("none", "xavier", "no normalisation, Xavier (Glorot) initialisation", family="resnet"),
     Method("none", "lsuv", "no normalisation, LSUV (orthonormal, then unit output variance per layer)",
-           initialiser="lsuv"),
+           initialiser="lsuv", family="resnet"),
     Method("none", "sqrt2", "no normalisation, He initialisation, block outputs times 1/sqrt(2)",
-           output_scale=SQRT_HALF),
+           output_scale=SQRT_HALF, family="resnet"),
     Method("batchnorm", "he", f"batchnorm, {_NORMED}"),
     Method("groupnorm", "he", f"groupnorm, {_NORMED}"),
     Method("layernorm", "xavier", "layernorm, Xavier-initialised linear layers"),
@@ -197,12 +218,15 @@ _ALL: tuple[Method, ...] = (
     # every weight layer as the He baseline does, the stem from its fan-in as Fixup's (docs/methods.md).
     Method("none", "skipinit", "SkipInit (De & Smith 2020): no normalisation, each branch times a scalar gain that "
            "starts at 0, no depth scaling; weights truncated normal with std 1/sqrt(fan_in), the classifier at 0 "
-           "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="skipinit", draw="truncated_fan_in",
-           decay_gains=False),
+           "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="gates", draw="truncated_fan_in",
+           decay_gains=False, adapt="gate",
+           summary=f"{_SKIPINIT}; the authors' draw (truncated normal from the fan-in, classifier at 0)"),
     Method("none", "skipinit_he", "SkipInit on the He baseline's draw (fan-out) with PyTorch's default classifier "
-           "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="skipinit"),
+           "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="gates",
+           summary=_SKIPINIT),
     Method("none", "rezero", "ReZero (Bachlechner et al. 2020): x + alpha * F(x) with alpha = 0 per branch, "
-           "normalisation removed", stem_mode="fan_in", gate=True, initialiser="rezero"),
+           "normalisation removed", stem_mode="fan_in", gate=True, initialiser="gates", adapt="gate",
+           summary="x + alpha * F(x) with alpha = 0 per residual branch; normalisation removed"),
     # Brock, De & Smith (ICLR 2021), as the authors' released code builds and trains it; adaptive gradient
     # clipping is from their follow-up (Brock et al. 2021b), which trains NF-ResNets with it (docs/methods.md).
     Method("none", "nf_resnet", "NF-ResNet (Brock et al. 2021): scaled weight standardisation, blocks h + alpha * "
@@ -221,6 +245,8 @@ _ALL: tuple[Method, ...] = (
 # "batchnorm", "groupnorm", "layernorm", "skipinit", "skipinit_he", "rezero", "nf_resnet", "nf_resnet_nozero",
 # "t_fixup".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
+# The methods fixup.adapt applies (Method.adapt): Fixup, and those whose only structural change is a gate per branch.
+ADAPT_METHODS = tuple(name for name, m in METHODS.items() if m.adapt)
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}
 

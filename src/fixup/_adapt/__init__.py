@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,11 +32,11 @@ from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
 from ..init import fixup_init_, initialise_
-from ..method import as_method
-from ..report import warn_report
+from ..method import ADAPT_METHODS, Method, as_method
+from ..report import InitReport, warn_report
 from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
-from ._graph import AdaptError, analyse
+from ._graph import AdaptError, Analysis, Residual, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk
 from ._record import Recording, record
 from ._report import AdaptReport, GateAdaptReport, NormChange, ResidualRecord
@@ -47,17 +48,16 @@ __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAda
            "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
 
 
-# The methods adapt applies: Fixup, and those whose only structural change is a gate per branch.
-ADAPT_METHODS = ("fixup", "skipinit", "rezero")
-
-
-def _refusal(method: str) -> str:
-    """Why adapt does not apply ``method`` to a model written elsewhere, and what does instead."""
+def _adapted_method(method: str) -> Method:
+    """The method of :data:`fixup.METHODS` named ``method``, if adapt applies it (``Method.adapt``); else a
+    ValueError saying why not and what does instead."""
     head = f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}"
     try:
         m = as_method(method)
     except ValueError as err:
-        return f"{head}: {err}"
+        raise ValueError(f"{head}: {err}") from None
+    if m.adapt:
+        return m
     if m.nf:
         why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
                f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
@@ -73,7 +73,7 @@ def _refusal(method: str) -> str:
     else:
         why = ("a baseline needs no adapting: train the model as written (its own normalisation), or build a "
                f"library model with fixup.create_model(name, method={m.name!r})")
-    return f"{head}: {why}"
+    raise ValueError(f"{head}: {why}")
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -146,22 +146,11 @@ def _private_readiness(model: nn.Module, args: tuple[Tensor, ...], apply: bool) 
                            "fixup.private.prepare(model, example) or adapt(..., private=True)", 1)
 
 
-def adapt(
-    model: nn.Module,
-    example_input: Tensor | Sequence[Tensor],
-    *,
-    strict: bool = True,
-    untie_weights: bool = True,
-    state_dict: Mapping[str, Tensor] | None = None,
-    generator: torch.Generator | None = None,
-    mode: str = "fan_out",
-    trunk: str = "lsuv",
-    method: str = "fixup",
-    gate_biases: bool = False,
-    leaf_modules: tuple[type[nn.Module], ...] = (),
-    private: bool = False,
-    **init_options: Any,
-) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
+def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict: bool = True,
+          untie_weights: bool = True, state_dict: Mapping[str, Tensor] | None = None,
+          generator: torch.Generator | None = None, mode: str = "fan_out", trunk: str = "lsuv", method: str = "fixup",
+          gate_biases: bool = False, leaf_modules: tuple[type[nn.Module], ...] = (), private: bool = False,
+          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
 
     With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
@@ -207,15 +196,90 @@ def adapt(
     stream's RMS at each stage's output relative to the input's (``report.stream``), with a warning for a
     stage outside ``SIGNAL_BAND`` (0.5x to 2x) or a trunk layer no rule could set.
     """
+    chosen = _check_options(trunk, method, gate_biases)
+    gated = chosen.adapt == "gate"
+    seen = _record_model(model, as_inputs(example_input), strict, leaf_modules)
+    source, args = seen.source, seen.args
+    rw, pairs, untied = _rewrite(seen, gated=gated, gate_biases=gate_biases, untie_weights=untie_weights)
+    report = _initialise(source, chosen, rw, generator=generator, mode=mode, **init_options)
+    trunk_records = trunk_init_(source, args, trunk)
+    blocks = residual_blocks(source)  # none when the root itself computes every residual sum
+    signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
+    branch_names = {id(b): n for n, b in find_branches(source)}
+    nonlinear_after = _verify(seen, [(branch_names[id(b)], b) for _, b in pairs])
+    loaded = load_original(source, state_dict) if state_dict is not None else WeightsLoaded()
+    residuals = [ResidualRecord(branch_names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
+                                [str(n.target) for n in r.layers], [str(n.target) for n in r.gates])
+                 for r, b in pairs]
+    new_warnings = [*seen.problems, *untied, *_notes(seen, rw), *_measured_warnings(trunk_records, signal, loaded)]
+    readiness = _private_readiness(source, args, private)
+    data = dict(vars(report))
+    data["warnings"] = [*data["warnings"], *new_warnings]
+    kind = GateAdaptReport if gated else AdaptReport
+    result = kind(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
+                  nonlinearities_before=len(seen.nonlinear_before), nonlinearities_after=len(nonlinear_after),
+                  layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
+                  weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
+                  trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages, private=readiness)
+    warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
+    return source, result
+
+
+def _check_options(trunk: str, method: str, gate_biases: bool) -> Method:
+    """The method adapt applies, after checking the options that go with it (a ValueError naming the fix)."""
     if trunk not in TRUNK_RULES:
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
-    if method not in ADAPT_METHODS:
-        raise ValueError(_refusal(method))
-    gated = method != "fixup"
-    if not gated and gate_biases:
+    chosen = _adapted_method(method)
+    if chosen.adapt != "gate" and gate_biases:
         raise ValueError("gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
                          "always has its scalar biases (rule 3): leave gate_biases out for method='fixup'")
-    args = as_inputs(example_input)
+    return chosen
+
+
+def _initialise(source: nn.Module, chosen: Method, rw: Rewriter, *, generator: torch.Generator | None, mode: str,
+                **init_options: Any) -> InitReport:
+    """Initialise the rewritten copy by the method: Fixup's rule (``fixup_init_``), or the gated method's
+    initialiser with every layer scale the rewrite turned into a gate set back to its start."""
+    if chosen.adapt != "gate":
+        return fixup_init_(source, generator=generator, mode=mode, **init_options)
+    report = initialise_(source, chosen, generator=generator, **init_options)
+    for handle in rw.gated_layer_scales:
+        handle.reset_parameters()
+    return report
+
+
+def _measured_warnings(trunk_records: list[TrunkRecord], signal: StreamSignal, loaded: WeightsLoaded) -> list[str]:
+    """The warnings of what was measured on the adapted copy: a trunk layer no rule could set, a stage whose stream
+    leaves ``SIGNAL_BAND``, zero-started layers the loaded weights replaced."""
+    out = [f"trunk layer {t.name!r} ({t.type}): {t.note}" for t in trunk_records if t.note]
+    lo, hi = SIGNAL_BAND
+    out += [f"the stream leaves [{lo}, {hi}]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
+            "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
+    if loaded.zeroed_overwritten:
+        out.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
+                   f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
+    return out
+
+
+@dataclass
+class _Seen:
+    """What adapt recorded of the model, on a copy of it (``source``, the copy it returns once adapted)."""
+
+    source: nn.Module
+    args: tuple[Tensor, ...]
+    leaf_modules: tuple[type[nn.Module], ...]
+    swapped: list[str]  # the PyTorch Transformer modules switched to their non-fast path
+    rec: Recording  # in eval mode: what the analysis reads
+    other: Recording | None  # in train mode, to compare (None where the model refuses to run so)
+    nonlinear_before: list[str]
+    analysis: Analysis
+    problems: list[str]  # what cannot be attributed (each a warning under strict=False)
+
+
+def _record_model(model: nn.Module, args: tuple[Tensor, ...], strict: bool,
+                  leaf_modules: tuple[type[nn.Module], ...]) -> _Seen:
+    """Record a copy of ``model`` on ``args`` and find its residual sums; an :class:`AdaptError` where it has none,
+    or (``strict``) where something cannot be attributed."""
     name = type(model).__name__
     source = copy.deepcopy(model)
     swapped = V.slow_path_(source)
@@ -241,7 +305,16 @@ def adapt(
     if not analysis.residuals:
         raise AdaptError(f"fixup.adapt found no residual sum y = x + F(x) with a weight layer on F in {name}; "
                          "Fixup applies to residual networks only")
-    rw = Rewriter(source, rec.graph, analysis, rec.calls)
+    return _Seen(source, args, leaf_modules, swapped, rec, other, nonlinear_before, analysis, problems)
+
+
+def _rewrite(seen: _Seen, *, gated: bool, gate_biases: bool,
+             untie_weights: bool) -> tuple[Rewriter, list[tuple[Residual, Branch]], list[str]]:
+    """Rewrite the copy in place: the norms out, each residual sum's branch declared (with its scalars or its gate),
+    the classifier and the trunk declared, the weights the rule sets untied. Returns the rewriter, each residual
+    sum with its branch, and the untying warnings."""
+    source, analysis = seen.source, seen.analysis
+    rw = Rewriter(source, seen.rec.graph, analysis, seen.rec.calls)
     rw.norms_out(biases=gate_biases or not gated)  # gated and gate_biases=False: every norm removed
     declared: dict[str, list[Branch]] = {}
     pairs = []
@@ -259,51 +332,33 @@ def adapt(
     source.trunk_layers = DeclaredTrunk([m for m in trunk_modules
                                          if isinstance(getattr(m, "weight", None), Tensor) and m.weight.dim() >= 2])
     source.trunk_tokens = DeclaredTokens(analysis.tokens)
-    if gated:
-        report = initialise_(source, as_method(method), generator=generator, **init_options)
-        for handle in rw.gated_layer_scales:
-            handle.reset_parameters()
-    else:
-        report = fixup_init_(source, generator=generator, mode=mode, **init_options)
-    trunk_records = trunk_init_(source, args, trunk)
-    blocks = residual_blocks(source)  # none when the root itself computes every residual sum
-    signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
-    branch_names = {id(b): n for n, b in find_branches(source)}
-    in_mode(source, False, lambda: _check_zero_branches(source, args, [(branch_names[id(b)], b) for _, b in pairs]))
-    after = in_mode(source, False, lambda: record(source, args, leaf_modules))
+    return rw, pairs, untied
+
+
+def _verify(seen: _Seen, branches: list[tuple[str, Branch]]) -> list[str]:
+    """Check the initialised copy: every branch outputs zero on the example input and no non-linearity was lost
+    (an :class:`AdaptError` otherwise); returns its non-linearities."""
+    source, args = seen.source, seen.args
+    in_mode(source, False, lambda: _check_zero_branches(source, args, branches))
+    after = in_mode(source, False, lambda: record(source, args, seen.leaf_modules))
     nonlinear_after = after.nonlinearities(dict(source.named_modules()))
-    if len(nonlinear_after) < len(nonlinear_before):
-        lost = [x for x in nonlinear_before if x not in nonlinear_after] or nonlinear_before[len(nonlinear_after):]
-        raise AdaptError(f"adapting {name} would lose {len(nonlinear_before) - len(nonlinear_after)} of its "
-                         f"{len(nonlinear_before)} non-linearities (e.g. {', '.join(lost[:3])}); it is not returned. "
+    before = seen.nonlinear_before
+    if len(nonlinear_after) < len(before):
+        lost = [x for x in before if x not in nonlinear_after] or before[len(nonlinear_after):]
+        raise AdaptError(f"adapting {type(source).__name__} would lose {len(before) - len(nonlinear_after)} of its "
+                         f"{len(before)} non-linearities (e.g. {', '.join(lost[:3])}); it is not returned. "
                          "Please report this model.")
-    loaded = load_original(source, state_dict) if state_dict is not None else WeightsLoaded()
-    residuals = [ResidualRecord(branch_names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
-                                [str(n.target) for n in r.layers], [str(n.target) for n in r.gates])
-                 for r, b in pairs]
-    notes = [*analysis.notes, *rw.notes]
-    if swapped:
-        notes.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented non-fast-path "
-                     "computation (a subclass of the same module), as the fused fast path reads the norms")
-    if other is not None and _signature(other) != _signature(rec):
+    return nonlinear_after
+
+
+def _notes(seen: _Seen, rw: Rewriter) -> list[str]:
+    """What the analysis and the rewrite chose that the user should know."""
+    notes = [*seen.analysis.notes, *rw.notes]
+    if seen.swapped:
+        notes.append(f"PyTorch Transformer modules ({', '.join(seen.swapped[:3])}) run their documented "
+                     "non-fast-path computation (a subclass of the same module), as the fused fast path reads the "
+                     "norms")
+    if seen.other is not None and _signature(seen.other) != _signature(seen.rec):
         notes.append("the forward computes differently in train mode than in eval mode (a Python branch on "
                      "self.training other than dropout modules); the residual sums were found in eval mode")
-    new_warnings = [*problems, *untied, *notes]
-    new_warnings += [f"trunk layer {t.name!r} ({t.type}): {t.note}" for t in trunk_records if t.note]
-    lo, hi = SIGNAL_BAND
-    new_warnings += [f"the stream leaves [{lo}, {hi}]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
-                     "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
-    if loaded.zeroed_overwritten:
-        new_warnings.append(f"state_dict replaced the zero initialisation of {len(loaded.zeroed_overwritten)} layers "
-                            f"({', '.join(loaded.zeroed_overwritten[:3])}): the branches no longer start at zero")
-    readiness = _private_readiness(source, args, private)
-    data = dict(vars(report))
-    data["warnings"] = [*data["warnings"], *new_warnings]
-    kind = GateAdaptReport if gated else AdaptReport
-    result = kind(**data, residuals=residuals, norms_replaced=rw.norms, scalars_added=rw.added,
-                  nonlinearities_before=len(nonlinear_before), nonlinearities_after=len(nonlinear_after),
-                  layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
-                  weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
-                  trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages, private=readiness)
-    warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
-    return source, result
+    return notes

@@ -18,6 +18,7 @@ from .._adapt._modules import FusedNormTail
 from .._adapt._record import FUSED, flatten_tensors, record
 from .._adapt._rewrite import Rewriter
 from ..branch import Branch, find_branches
+from ..method import METHODS
 from ..nn import Gate
 from . import _norms
 from ._fold import affine_of, fold_into, frozen_affine, is_frozen_batchnorm, plan_batchnorm
@@ -297,7 +298,7 @@ def convert(
                        StatisticsWarning))
 
     # --- the method's scalars at identity ---
-    gated = method != "fixup"
+    gated = METHODS[method].adapt == "gate"  # the method's form, as adapt applies it (Method.adapt)
     own_gates = {id(m) for m in source.modules() if isinstance(m, Gate)}  # the model's own keep their values
     rw = Rewriter(source, rec.graph, analysis, rec.calls)
     declared: dict[str, list[Branch]] = {}

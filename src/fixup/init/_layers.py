@@ -7,14 +7,14 @@ import math
 import torch
 from torch import nn
 
-from ..branch import WEIGHT_LAYERS, WeightSlice, find_branches
+from ..branch import WEIGHT_LAYERS, WeightSlice
 from ..method import Method
 from ..nn import Bias, Scale
-from ..report import InitReport, LayerRecord, describe_norm
+from ..report import LayerRecord, describe_norm
 from .fans import BASE_INITS, base_std, groups_of
 
 __all__ = ["TRUNCATED_STD", "check_layer", "check_output_scale", "default_linear_", "draw_", "draw_standard_",
-           "draw_truncated_", "layer_key", "model_base", "named_weight_layers", "plain_report", "record",
+           "draw_truncated_", "layer_key", "model_base", "named_weight_layers", "record",
            "reset_norms_and_scalars"]
 
 
@@ -119,17 +119,6 @@ def reset_norms_and_scalars(model: nn.Module) -> int:
             mod.reset_parameters()
             scalars += 1
     return scalars
-
-
-def plain_report(model: nn.Module, method: str, scheme: str, layers: list[LayerRecord], scalars: int) -> InitReport:
-    """The report of an initialiser that drew every weight layer the same way (``layers``)."""
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    handled = {id(m) for _, m in named_weight_layers(model)}
-    untouched = [f"{name} ({type(mod).__name__})" for name, mod in model.named_modules()
-                 if id(mod) not in handled and describe_norm(name, mod) is None
-                 and not isinstance(mod, (Bias, Scale)) and any(True for _ in mod.parameters(recurse=False))]
-    return InitReport(method=method, num_branches=len(find_branches(model)), other_layers=layers,
-                      untouched=untouched, num_scalars=scalars, normalization=norms, scheme=scheme)
 
 
 def check_output_scale(model: nn.Module, method: Method) -> None:

@@ -18,7 +18,8 @@ from torch import nn
 from ..method import Method
 from ..nn import Bias, Scale
 from ..report import InitReport, describe_norm
-from ._layers import default_linear_, named_weight_layers, plain_report, record, reset_norms_and_scalars
+from ._layers import default_linear_, named_weight_layers, record, reset_norms_and_scalars
+from ._skeleton import plain_report
 from .fans import groups_of, he_std, xavier_std
 
 __all__ = ["describe_init", "he_init_", "initialise_", "xavier_init_", "zero_last_norm_gains_"]

@@ -22,11 +22,19 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..branch import WEIGHT_LAYERS, Branch, WeightSlice, find_branches, find_classifier
+from ..branch import Branch, find_branches, find_classifier
 from ..method import METHODS, Method, as_method
-from ..nn import Bias, Scale
-from ..report import BranchRecord, FixupReport, describe_norm, warn_report
-from ._layers import check_layer, draw_, draw_standard_, layer_key, model_base, record
+from ..report import BranchRecord, FixupReport, LayerRecord, warn_report
+from ._layers import check_layer, draw_, draw_standard_, model_base, record
+from ._skeleton import (
+    PlannedBranch,
+    handled_modules,
+    module_names,
+    norm_warnings,
+    plan_branches,
+    remaining_norms,
+    sweep_rest_,
+)
 from .fans import FAN_MODES, base_std, groups_of
 
 __all__ = ["branch_scale", "fixup_init_", "initialise_", "zero_branches_"]
@@ -120,9 +128,11 @@ def fixup_init_(
     of the report is also issued as a :class:`fixup.FixupWarning`.
     Calling it again draws a fresh model from the same distribution and gives the same report.
     """
-    report = _fixup_init(model, method, generator=generator, mode=mode, base=base, strict=strict,
-                         overrides={"stem_mode": stem_mode, "depth_scaling": depth_scaling, "rescale": rescale,
-                                    "stream_bias": stream_bias},
+    _check_mode(mode)
+    base = model_base(model, base)
+    overrides = {"stem_mode": stem_mode, "depth_scaling": depth_scaling, "rescale": rescale, "stream_bias": stream_bias}
+    chosen, label, warnings = _resolve(model, method, overrides)
+    report = _fixup_init(model, chosen, label, warnings, generator=generator, mode=mode, base=base, strict=strict,
                          expect_biases=expect_biases, expect_scale=expect_scale)
     warn_report(report)
     return report
@@ -130,113 +140,111 @@ def fixup_init_(
 
 def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator | None = None,
                 base: str | None = None) -> FixupReport:
-    """The initialiser of the Fixup forms in :data:`fixup.METHODS` (called by :func:`fixup.init.initialise_`)."""
-    return _fixup_init(model, method, generator=generator, base=base)
+    """The initialiser of the Fixup forms in :data:`fixup.METHODS` (called by :func:`fixup.init.initialise_`, which
+    resolved ``method``: it is applied as it is)."""
+    if not method.fixup:
+        raise ValueError(f"fixup_init_ applies the Fixup forms; method {method.name!r} is not one. "
+                         f"fixup.init.initialise_(model, {method.name!r}) initialises a model for any method")
+    return _fixup_init(model, method, method.init, [], generator=generator, base=base)
 
 
-def _fixup_init(model: nn.Module, method: Method | str | None, *, generator: torch.Generator | None = None,
-                mode: str = "fan_out", base: str | None = None, strict: bool = False,
-                overrides: dict[str, object] | None = None, expect_biases: bool | None = None,
-                expect_scale: bool | None = None) -> FixupReport:
+def _check_mode(mode: str) -> None:
     if mode not in FAN_MODES:
         raise ValueError(f"mode must be one of {FAN_MODES}, got {mode!r}")
+
+
+@torch.no_grad()
+def _fixup_init(model: nn.Module, chosen: Method, label: str, warnings: list[str], *,
+                generator: torch.Generator | None = None, mode: str = "fan_out", base: str | None = None,
+                strict: bool = False, expect_biases: bool | None = None,
+                expect_scale: bool | None = None) -> FixupReport:
+    """Apply the Fixup form ``chosen`` (reported as ``label``, with the ``warnings`` its choice needed)."""
+    _check_mode(mode)
     base = model_base(model, base)
-    chosen, label, warnings = _resolve(model, method, overrides or {})
-    expect_biases = chosen.biases if expect_biases is None else expect_biases
-    expect_scale = chosen.scale if expect_scale is None else expect_scale
-    stem_mode = chosen.stem_mode
-    names = {id(mod): name for name, mod in model.named_modules()}
+    names = module_names(model)
     branches = find_branches(model)
+    plan = _plan(model, branches, names, chosen.biases if expect_biases is None else expect_biases,
+                 chosen.scale if expect_scale is None else expect_scale, warnings)
+    classifier = find_classifier(model)
+    cls_names = [check_layer(layer, "classifier", names) for layer in classifier]
+    if not classifier:
+        warnings.append(f"{type(model).__name__} declares no classifier (`classifier_layers()`); "
+                        "no output layer was zeroed")
+    norms = remaining_norms(model)
+    warnings += norm_warnings(norms, "Fixup replaces it")
+    if strict and warnings:
+        raise ValueError("fixup_init_(strict=True) refused the model:\n  - " + "\n  - ".join(warnings))
+
+    handled = handled_modules(plan, classifier)  # every check has passed: the weights change from here on
+    records = [_draw_branch(p, len(branches), chosen, base, mode, generator) for p in plan]
+    cls_records = []
+    for layer, lname in zip(classifier, cls_names):  # rule 1: the classifier starts at zero
+        draw_(layer, 0.0, generator)
+        cls_records.append(record(lname, layer, 0.0))
+
+    def draw_other(mod: nn.Module, name: str) -> LayerRecord:  # outside the branches: the stem's fan (stem_mode)
+        std = base_std(mod.weight, base, chosen.stem_mode, groups_of(mod))
+        draw_(mod, std, generator)
+        return record(name, mod, std)
+
+    rest = sweep_rest_(model, handled, draw_other, norms_left_alone=True)
+    num_stream = sum(b.stream_bias is not None for _, b in branches)
+    report = FixupReport(
+        num_branches=len(branches), branches=records, classifier=cls_records, other_layers=rest.other,
+        untouched=rest.untouched, num_scalars=rest.num_scalars, normalization=norms, warnings=warnings,
+        method=label, fan_mode=mode, stem_fan_mode=chosen.stem_mode, depth_scaling=chosen.depth_scaling,
+        rescale=chosen.rescale, base_init=base, num_stream_biases=num_stream,
+        stream_bias=chosen.stream_bias if num_stream else "none",
+    )
+    if chosen.zero_branch:
+        zero_branches_(model, report)
+    for present, what in ((chosen.biases, "no scalar biases"), (chosen.scale, "no scalar multiplier")):
+        if not present:  # left out by design: a note, not a warning
+            report.notes.append(f"{len(branches)} branches have {what} (rule 3): the {chosen.init} ablation leaves "
+                                "them out")
+    return report
+
+
+def _plan(model: nn.Module, branches: list[tuple[str, Branch]], names: dict[int, str], expect_biases: bool,
+          expect_scale: bool, warnings: list[str]) -> list[PlannedBranch]:
+    """The checked branches (a ValueError for a model Fixup cannot count); a warning in ``warnings`` for each
+    branch without the scalars rule 3 expects."""
     if not branches:
         raise ValueError(
             f"{type(model).__name__} declares no residual branch. Fixup needs residual blocks that define "
             "`residual_branches()` (see fixup.branch), or run fixup.adapt(model, example_input) on a model "
             "written elsewhere."
         )
-    L = len(branches)
-    seen: dict[object, str] = {}
-    plan: list[tuple[str, Branch, list[str], str | None]] = []
     for block, branch in branches:
         if not branch.layers:
             raise ValueError(f"residual branch {block!r} declares no weight layer; a branch needs at least one "
                              "(its last weight layer is the one rule 1 zeroes)")
-        layer_names = [check_layer(layer, f"branch {block!r}", names) for layer in branch.layers]
-        for layer, lname in zip(branch.layers, layer_names):
-            if layer_key(layer) in seen:
-                raise ValueError(f"weight layer {lname!r} is declared in two residual branches "
-                                 f"({seen[layer_key(layer)]!r} and {block!r}); a layer shared between branches "
-                                 "cannot be counted")
-            seen[layer_key(layer)] = block
-        if branch.depth < 1:
-            raise ValueError(f"residual branch {block!r} has m={branch.depth}; m must be at least 1")
-        short = None
-        if branch.shortcut is not None:
-            short = check_layer(branch.shortcut, f"shortcut of {block!r}", names)
-        if branch.scale is None and expect_scale:
-            warnings.append(f"branch {block!r} has no scalar multiplier (rule 3)")
-        if not branch.all_biases and expect_biases:
-            warnings.append(f"branch {block!r} has no scalar biases (rule 3)")
-        plan.append((block, branch, layer_names, short))
-    classifier = find_classifier(model)
-    cls_names = [check_layer(layer, "classifier", names) for layer in classifier]
-    if not classifier:
-        warnings.append(f"{type(model).__name__} declares no classifier (`classifier_layers()`); "
-                        "no output layer was zeroed")
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    for rec in norms:
-        warnings.append(f"normalisation layer {rec.name!r} ({rec.type}) is still present; Fixup replaces it")
-    if strict and warnings:
-        raise ValueError("fixup_init_(strict=True) refused the model:\n  - " + "\n  - ".join(warnings))
+    plan = plan_branches(branches, names)
+    for p in plan:
+        if p.branch.depth < 1:
+            raise ValueError(f"residual branch {p.block!r} has m={p.branch.depth}; m must be at least 1")
+        if p.branch.scale is None and expect_scale:
+            warnings.append(f"branch {p.block!r} has no scalar multiplier (rule 3)")
+        if not p.branch.all_biases and expect_biases:
+            warnings.append(f"branch {p.block!r} has no scalar biases (rule 3)")
+    return plan
 
-    records: list[BranchRecord] = []
-    # Modules whose weights the rule set; a module declared through WeightSlices counts as handled.
-    handled = {id(layer.module) if isinstance(layer, WeightSlice) else id(layer)
-               for _, branch, _, _ in plan for layer in branch.layers} | {id(c) for c in classifier}
-    with torch.no_grad():
-        for block, branch, layer_names, short in plan:
-            m = branch.depth
-            factor = (branch_scale(L, m) if chosen.depth_scaling else 1.0) * chosen.rescale
-            scaled = [draw_standard_(layer, lname, base, mode, generator, factor)
-                      for layer, lname in zip(branch.layers[:-1], layer_names[:-1])]
-            last = branch.layers[-1]
-            draw_(last, 0.0, generator)
-            for scalar in (*branch.all_biases, *([branch.scale] if branch.scale is not None else [])):
-                scalar.reset_parameters()
-            shortcut_rec = None
-            if branch.shortcut is not None:
-                shortcut_rec = draw_standard_(branch.shortcut, short, base, mode, generator)
-                handled.add(id(branch.shortcut))
-            records.append(BranchRecord(block, branch.kind, m, factor, scaled, record(layer_names[-1], last, 0.0),
-                                        len(branch.all_biases), branch.scale is not None, shortcut_rec,
-                                        branch.stream_bias is not None))
-        cls_records = []
-        for layer, lname in zip(classifier, cls_names):
-            draw_(layer, 0.0, generator)
-            cls_records.append(record(lname, layer, 0.0))
-        other, untouched, num_scalars = [], [], 0
-        for name, mod in model.named_modules():
-            if isinstance(mod, (Bias, Scale)):
-                mod.reset_parameters()
-                num_scalars += 1
-            elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
-                std = base_std(mod.weight, base, stem_mode, groups_of(mod))
-                draw_(mod, std, generator)
-                other.append(record(name, mod, std))
-            elif id(mod) not in handled and any(True for _ in mod.parameters(recurse=False)):
-                untouched.append(f"{name} ({type(mod).__name__})")
-    num_stream = sum(b.stream_bias is not None for _, b in branches)
-    report = FixupReport(
-        num_branches=L, branches=records, classifier=cls_records, other_layers=other, untouched=untouched,
-        num_scalars=num_scalars, normalization=norms, warnings=warnings, method=label, fan_mode=mode,
-        stem_fan_mode=stem_mode, depth_scaling=chosen.depth_scaling, rescale=chosen.rescale, base_init=base,
-        num_stream_biases=num_stream, stream_bias=chosen.stream_bias if num_stream else "none",
-    )
-    if chosen.zero_branch:
-        zero_branches_(model, report)
-    for present, what in ((chosen.biases, "no scalar biases"), (chosen.scale, "no scalar multiplier")):
-        if not present:  # left out by design: a note, not a warning
-            report.notes.append(f"{L} branches have {what} (rule 3): the {chosen.init} ablation leaves them out")
-    return report
+
+def _draw_branch(p: PlannedBranch, L: int, chosen: Method, base: str, mode: str,
+                 generator: torch.Generator | None) -> BranchRecord:
+    """Rules 1-3 on one branch: its inner layers drawn by ``base`` times rule 2's factor, its last layer zero, its
+    scalars at their start (biases 0, multiplier 1); its shortcut projection drawn by ``base``, unscaled."""
+    branch, m = p.branch, p.branch.depth
+    factor = (branch_scale(L, m) if chosen.depth_scaling else 1.0) * chosen.rescale
+    scaled = [draw_standard_(layer, lname, base, mode, generator, factor)
+              for layer, lname in zip(branch.layers[:-1], p.layer_names[:-1])]
+    last = branch.layers[-1]
+    draw_(last, 0.0, generator)
+    for scalar in (*branch.all_biases, *([branch.scale] if branch.scale is not None else [])):
+        scalar.reset_parameters()
+    shortcut = None if branch.shortcut is None else draw_standard_(branch.shortcut, p.shortcut, base, mode, generator)
+    return BranchRecord(p.block, branch.kind, m, factor, scaled, record(p.layer_names[-1], last, 0.0),
+                        len(branch.all_biases), branch.scale is not None, shortcut, branch.stream_bias is not None)
 
 
 @torch.no_grad()

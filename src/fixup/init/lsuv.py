@@ -24,7 +24,8 @@ from ..branch import WEIGHT_LAYERS
 from ..groups import unwrap
 from ..method import Method
 from ..report import InitReport, LSUVRecord, warn_report
-from ._layers import named_weight_layers, plain_report, record, reset_norms_and_scalars
+from ._layers import named_weight_layers, record, reset_norms_and_scalars
+from ._skeleton import plain_report
 from .fans import groups_of, orthonormal_
 
 __all__ = ["data_init_", "initialise_", "lsuv_", "orthonormal_init_"]

@@ -14,92 +14,22 @@ docs/methods.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
-from ..branch import WEIGHT_LAYERS, find_branches, find_classifier
+from ..branch import find_branches, find_classifier
 from ..method import Method
-from ..nn import RELU_GAMMA, Bias, Scale, ScaledStdConv2d
-from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
+from ..nn import ScaledStdConv2d
+from ..report import LayerRecord, NFBlockRecord, NFReport
 from ._layers import check_layer, draw_, record
+from ._skeleton import module_names, norm_warnings, remaining_norms, sweep_rest_
 from .fans import fans, groups_of, he_std
 
+# Its report lives in fixup.report with the others; it is named here too, for the imports that predate the move.
 __all__ = ["CLASSIFIER_STD", "NFBlockRecord", "NFReport", "initialise_"]
 
 CLASSIFIER_STD = 0.01  # the classifier's normal std in the authors' released NF-ResNets (bias 0)
-SUMMARY = ("scaled weight standardisation, blocks h + alpha * F(h / beta) with beta the analytic std of h, "
-           "gamma-scaled ReLUs, no normalisation")
-
-
-@dataclass
-class NFBlockRecord:
-    """One NF block as initialised: its beta (the analytic std of its input) and its weight-standardised layers."""
-
-    name: str
-    kind: str
-    beta: float
-    transition: bool  # its shortcut projects the normalised input: the stream's variance resets to 1 + alpha^2
-    layers: list[LayerRecord]
-    gate: str | None = None  # the zero-started skip gain's parameter name (nf_resnet; None: nf_resnet_nozero)
-    shortcut: LayerRecord | None = None
-
-
-@dataclass
-class NFReport(InitReport):
-    """What ``nf_resnet`` did: every block's beta and alpha, the standardised layers, gamma and the gains."""
-
-    method: str = "nf_resnet"
-    blocks: list[NFBlockRecord] = field(default_factory=list)
-    classifier: list[LayerRecord] = field(default_factory=list)
-    alpha: float = 0.2
-    gamma: float = RELU_GAMMA
-    output_std: float = 1.0  # the analytic std of the last block's output
-    num_standardized: int = 0  # weight-standardised convolutions (each with a gain at 1 and a bias at 0)
-    summary: str = SUMMARY
-
-    @classmethod
-    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
-        out = super()._fields_from(data)
-        out["blocks"] = [NFBlockRecord(**{**b, "layers": layer_records(b["layers"]), "shortcut":
-                                          None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
-                         for b in data.get("blocks", [])]
-        out["classifier"] = layer_records(data.get("classifier"))
-        return out
-
-    def format(self, max_branches: int = 12) -> str:
-        """The report as a table; at most ``max_branches`` blocks are listed one by one."""
-        lines = [f"Accounting report: method {self.method}: {self.summary}"]
-        gates = sum(b.gate is not None for b in self.blocks)
-        lines.append(f"L = {self.num_branches} residual branches, each h + alpha * F(h / beta), alpha = {self.alpha:g}"
-                     + (f", times a gain that starts at 0 ({gates} gains)" if gates else ""))
-        betas = [b.beta for b in self.blocks] or [1.0]
-        resets = sum(b.transition for b in self.blocks)
-        lines.append(f"beta per block: from {min(betas):.4g} to {max(betas):.4g} (reset at {resets} transitions); "
-                     f"the output's analytic std {self.output_std:.4g}")
-        lines.append(f"weight-standardised convolutions: {self.num_standardized} (gain 1, bias 0; raw weights drawn "
-                     f"N(0, 1/fan_in)); ReLUs scaled by gamma = {self.gamma:.6g}")
-        lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
-        if self.other_layers:
-            lines.append("other weight layers (He with fan_in): " + some_of(self.other_layers, 4))
-        if self.untouched:
-            lines.append("left alone: " + some_of(self.untouched, 6))
-        lines.append(f"scalar parameters: {self.num_scalars}")
-        lines.extend(self._format_norms())
-        if self.blocks:
-            lines.append("blocks:")
-            for b in self.blocks[:max_branches]:
-                local = ", ".join(r.name.removeprefix(b.name + ".") for r in b.layers)
-                mark = " (transition)" if b.transition else ""
-                gain = f"; gain {b.gate.removeprefix(b.name + '.')} = 0" if b.gate else ""
-                short = f"; shortcut {b.shortcut.name.removeprefix(b.name + '.')}" if b.shortcut else ""
-                lines.append(f"  {b.name:<22} {b.kind:<14} beta {b.beta:.4f}{mark}: [{local}]{gain}{short}")
-            if len(self.blocks) > max_branches:
-                lines.append(f"  ... {len(self.blocks) - max_branches} more (to_dict() or --json lists all)")
-        lines.extend(self._format_tail())
-        return "\n".join(lines)
 
 
 def _raw_std(conv: nn.Module) -> float:
@@ -115,7 +45,7 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     N(0, 0.01) (bias 0), any other weight layer He from its fan-in, every branch gain at 0 where the method has
     one; return the report. ``base`` is unused: standardisation fixes every layer's scale. Raises, before any
     weight changes, on a model whose blocks are not NF blocks."""
-    names = {id(mod): name for name, mod in model.named_modules()}
+    names = module_names(model)
     branches = find_branches(model)
     if not branches or any(not branch.kind.startswith("nf-") for _, branch in branches):
         other = sorted({branch.kind for _, branch in branches if not branch.kind.startswith("nf-")})
@@ -127,9 +57,8 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
                          f"(fixup.create_model(name, method={method.name!r}))")
     classifier = find_classifier(model)
     cls_names = [check_layer(layer, "classifier", names) for layer in classifier]
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    warnings = [f"normalisation layer {rec.name!r} ({rec.type}) is still present; {method.name} removes it"
-                for rec in norms]
+    norms = remaining_norms(model)
+    warnings = norm_warnings(norms, f"{method.name} removes it")
 
     handled = {id(c) for c in classifier}
     records: dict[str, LayerRecord] = {}
@@ -146,18 +75,13 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     for layer, lname in zip(classifier, cls_names):
         draw_(layer, CLASSIFIER_STD, generator)
         cls_records.append(record(lname, layer, CLASSIFIER_STD))
-    other, untouched, num_scalars = [], [], 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, (Bias, Scale)):
-            mod.reset_parameters()  # a gate starts at 0
-            num_scalars += 1
-        elif isinstance(mod, WEIGHT_LAYERS) and id(mod) not in handled:
-            std = he_std(mod.weight, "fan_in", groups_of(mod))
-            draw_(mod, std, generator)
-            other.append(record(name, mod, std))
-        elif (id(mod) not in handled and describe_norm(name, mod) is None
-              and any(True for _ in mod.parameters(recurse=False))):
-            untouched.append(f"{name} ({type(mod).__name__})")
+
+    def draw_other(mod: nn.Module, name: str) -> LayerRecord:  # any other weight layer: He from its fan-in
+        std = he_std(mod.weight, "fan_in", groups_of(mod))
+        draw_(mod, std, generator)
+        return record(name, mod, std)
+
+    rest = sweep_rest_(model, handled, draw_other)  # a gate starts at 0
 
     blocks = []
     for block_name, branch in branches:
@@ -171,6 +95,6 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     last = blocks[-1]
     output_std = math.sqrt((1.0 if last.transition else last.beta**2) + alpha**2)
     return NFReport(method=method.name, num_branches=len(branches), blocks=blocks, classifier=cls_records,
-                    other_layers=other, untouched=untouched, num_scalars=num_scalars, normalization=norms,
-                    warnings=warnings, alpha=alpha, output_std=output_std, num_standardized=num_standardized,
-                    scheme="scaled weight standardisation", fan_mode="fan_in")
+                    other_layers=rest.other, untouched=rest.untouched, num_scalars=rest.num_scalars,
+                    normalization=norms, warnings=warnings, alpha=alpha, output_std=output_std,
+                    num_standardized=num_standardized, scheme="scaled weight standardisation", fan_mode="fan_in")

@@ -15,19 +15,18 @@ are the last two), its feed-forward blocks ``[fc1, fc2]``. Our deviations are li
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..branch import find_branches, find_classifier
 from ..method import Method
-from ..nn import Bias, Scale
-from ..report import InitReport, LayerRecord, describe_norm, layer_records, some_of
+from ..report import TFixupReport
 from ._layers import record
+from ._skeleton import module_names, norm_warnings, remaining_norms, sweep_rest_
 from .fans import xavier_std
 
+# Its report lives in fixup.report with the others; it is named here too, for the imports that predate the move.
 __all__ = ["TFixupReport", "decoder_factor", "encoder_factor", "initialise_"]
 
 ATTENTION = ("self-attn", "cross-attn")
@@ -41,48 +40,6 @@ def encoder_factor(n: int) -> float:
 def decoder_factor(n: int) -> float:
     """T-Fixup's factor for the decoder's value, output and MLP weights and the input embeddings: (9N)^(-1/4)."""
     return (9 * n) ** -0.25
-
-
-@dataclass
-class TFixupReport(InitReport):
-    """What ``t_fixup`` did: each stack's depth and factor, the layers it scaled and the embeddings."""
-
-    method: str = "t_fixup"
-    encoder_layers: int = 0
-    decoder_layers: int = 0
-    encoder_factor: float = 1.0
-    decoder_factor: float = 1.0
-    scaled: list[LayerRecord] = field(default_factory=list)  # the value, output and MLP weights, after scaling
-    embeddings: list[LayerRecord] = field(default_factory=list)  # N(0, d^-1/2) times the stack's embedding factor
-    classifier: list[LayerRecord] = field(default_factory=list)
-
-    @classmethod
-    def _fields_from(cls, data: dict[str, Any]) -> dict[str, Any]:
-        out = super()._fields_from(data)
-        for key in ("scaled", "embeddings", "classifier"):
-            out[key] = layer_records(data.get(key))
-        return out
-
-    def format(self, max_branches: int = 12) -> str:
-        """The report as a table."""
-        lines = [f"Accounting report: method {self.method}: Xavier, no LayerNorm, no warm-up (Huang et al. 2020)"]
-        lines.append(f"encoder: N = {self.encoder_layers}, value/output/MLP weights times 0.67 N^(-1/4) = "
-                     f"{self.encoder_factor:.6g}")
-        lines.append(f"decoder: N = {self.decoder_layers}, value/output/MLP weights times (9N)^(-1/4) = "
-                     f"{self.decoder_factor:.6g}")
-        lines.append(f"L = {self.num_branches} residual branches; weight layers scaled: {len(self.scaled)}: "
-                     + some_of([f"{r.name} std {r.std:.4g}" for r in self.scaled], 4))
-        lines.append("input embeddings, N(0, d^-1/2) times (9N)^(-1/4) of their stack: " + some_of(self.embeddings, 2))
-        lines.append("classifier: " + (", ".join(map(str, self.classifier)) or "none declared"))
-        if self.other_layers:
-            lines.append(f"other weight layers (Xavier, unscaled): {len(self.other_layers)}: "
-                         + some_of(self.other_layers, 3))
-        if self.untouched:
-            lines.append("left alone: " + some_of(self.untouched, 6))
-        lines.append(f"scalar parameters: {self.num_scalars}")
-        lines.extend(self._format_norms())
-        lines.extend(self._format_tail())
-        return "\n".join(lines)
 
 
 def _stacks(model: nn.Module, method: Method) -> list[tuple[str, nn.Module, nn.Embedding]]:
@@ -121,11 +78,10 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     depth = {name: len(list(layers)) for name, (layers, _, _) in plan.items()}
     factor = {"encoder": encoder_factor(depth["encoder"]), "decoder": decoder_factor(depth["decoder"])}
     embed_factor = {name: decoder_factor(n) for name, n in depth.items()}  # (9N)^(-1/4), N the stack's own
-    names = {id(mod): name for name, mod in model.named_modules()}
+    names = module_names(model)
     classifier = find_classifier(model)
-    norms = [rec for name, mod in model.named_modules() if (rec := describe_norm(name, mod)) is not None]
-    warnings = [f"normalisation layer {rec.name!r} ({rec.type}) is still present; T-Fixup removes every LayerNorm"
-                for rec in norms]
+    norms = remaining_norms(model)
+    warnings = norm_warnings(norms, "T-Fixup removes every LayerNorm")
 
     stds: dict[int, float] = {}
     for mod in model.modules():
@@ -158,16 +114,9 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     special = {id(layer) for _, (_, _, layers) in plan.items() for layer in layers} | {id(c) for c in classifier}
     other = [record(names[id(mod)], mod, stds[id(mod)]) for mod in model.modules()
              if isinstance(mod, nn.Linear) and id(mod) not in special]
-    untouched, num_scalars = [], 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, (Bias, Scale)):
-            mod.reset_parameters()
-            num_scalars += 1
-        elif (id(mod) not in seen and id(mod) not in stds and describe_norm(name, mod) is None
-              and any(True for _ in mod.parameters(recurse=False))):
-            untouched.append(f"{name} ({type(mod).__name__})")
+    rest = sweep_rest_(model, seen | set(stds))  # every linear layer and embedding is drawn above
     return TFixupReport(method=method.name, num_branches=len(find_branches(model)), scheme="Xavier uniform",
-                        other_layers=other, untouched=untouched, num_scalars=num_scalars, normalization=norms,
+                        other_layers=other, untouched=rest.untouched, num_scalars=rest.num_scalars, normalization=norms,
                         warnings=warnings, fan_mode="xavier", encoder_layers=depth["encoder"],
                         decoder_layers=depth["decoder"], encoder_factor=factor["encoder"],
                         decoder_factor=factor["decoder"], scaled=scaled, embeddings=embeddings,

@@ -1,7 +1,7 @@
 """Pieces the model constructors share: the method check, the normalisation layer and the scalars.
 
-A constructor receives its :class:`~fixup.method.Method` (or a method's name), checks it against the
-norms its architecture supports with :func:`check_method`, builds its scalars from it, and ends with
+A constructor receives its :class:`~fixup.method.Method` (or a method's name), checks it against the norms its
+architecture builds and the family it belongs to with :func:`check_method`, builds its scalars from it, and ends with
 ``self.init_report = initialise_(self, method, generator=generator)`` (:func:`fixup.init.initialise_`).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..method import Method, as_method
+from ..method import FAMILIES, METHODS, Method, as_method
 from ..nn import Gate, Scale
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import scalar_value
@@ -35,11 +35,22 @@ class StemHeadFolding:
         return n
 
 
-def check_method(method: Method | str, allowed: tuple[str, ...], model: str) -> Method:
-    """``method`` as a :class:`Method`, after checking that ``model`` supports its norm."""
+# A model of each family, for the error that sends a method to the family it applies to.
+_EXAMPLE = {"resnet": "resnet20", "transformer": "transformer_tiny"}
+
+
+def check_method(method: Method | str, allowed: tuple[str, ...], model: str, family: str) -> Method:
+    """``method`` as a :class:`Method`, after checking that ``model`` (of ``family``, a key of
+    :data:`fixup.method.FAMILIES`) builds its norm (one of ``allowed``) and is of a family it applies to."""
     method = as_method(method)
     if method.norm not in allowed:
         raise ValueError(f"norm={method.norm!r} is not available for {model}; choose one of {', '.join(allowed)}")
+    if method.family not in ("any", family):
+        usable = [m for m in METHODS.values() if m.family in ("any", family) and m.norm in allowed]
+        names = ["the Fixup forms"] * any(m.fixup for m in usable) + [m.name for m in usable if not m.fixup]
+        raise ValueError(f"{method.name} is not available for {model}: it applies to {FAMILIES[method.family]} only "
+                         f"(fixup.create_model({_EXAMPLE[method.family]!r}, method={method.name!r})); {model} is "
+                         f"built for {', '.join(names)}")
     return method
 
 

@@ -204,7 +204,7 @@ class CifarResNet(StemHeadFolding, nn.Module):
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         n = check_cifar_depth(depth)
-        self.method = method = check_method(method, _NORMS, "the CIFAR ResNet")
+        self.method = method = check_method(method, _NORMS, "the CIFAR ResNet", "resnet")
         self.depth, self.norm = depth, method.norm
         norm, nf = method.norm, method.nf
         shortcut = _check_shortcut(shortcut, method)

@@ -192,7 +192,7 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
             raise ValueError(f"block must be 'basic' (ResNet-18/34) or 'bottleneck' (ResNet-50/101/152), got {block!r}")
         if len(layers) != 4 or any(not isinstance(n, int) or n < 1 for n in layers):
             raise ValueError(f"layers must be four positive block counts, one per stage, got {layers!r}")
-        self.method = method = check_method(method, _NORMS, "the ImageNet ResNet")
+        self.method = method = check_method(method, _NORMS, "the ImageNet ResNet", "resnet")
         self.block, self.layers, self.norm = block, tuple(layers), method.norm
         norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
         expansion = Bottleneck.expansion if block == "bottleneck" else 1

@@ -105,11 +105,8 @@ class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, method: Method | str | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
-        method = check_method(cfg.norm if method is None else method, TRANSFORMER_NORMS, "the Transformer")
-        if method.family == "resnet" or (method.norm == "none" and not method.gate and method.family != "transformer"):
-            raise ValueError(f"norm={method.norm!r} is not available for the Transformer with init={method.init!r}; "
-                             "without normalisation it is built for a gated method (skipinit or rezero) or t_fixup, "
-                             f"or choose norm among {', '.join(n for n in TRANSFORMER_NORMS if n != 'none')}")
+        method = check_method(cfg.norm if method is None else method, TRANSFORMER_NORMS, "the Transformer",
+                              "transformer")
         if method.norm != cfg.norm:
             raise ValueError(f"method {method.name!r} has norm={method.norm!r} but the config has norm={cfg.norm!r}; "
                              "build the config with the method's norm")

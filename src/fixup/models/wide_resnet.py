@@ -189,7 +189,7 @@ class WideResNet(nn.Module):
             raise ValueError(f"width (the widening factor k) must be a positive whole number, got {width!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-        self.method = method = check_method(method, _NORMS, "the Wide-ResNet")
+        self.method = method = check_method(method, _NORMS, "the Wide-ResNet", "resnet")
         self.depth, self.width, self.norm = depth, width, method.norm
         norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
         self.conv1 = (ScaledStdConv2d if nf else nn.Conv2d)(in_channels, 16, 3, 1, 1, bias=False)

@@ -60,6 +60,8 @@ def _finite(v: Any) -> float | None:
 
 
 def plan(grid: Grid, store: Store) -> Plan:
+    from ..train.recipe import warmup_options
+
     g = grid.translation
     tasks = []
     # the claim's two systems first, then the further rows (T-Fixup); each seed by seed: a run taken in plan order
@@ -68,11 +70,11 @@ def plan(grid: Grid, store: Store) -> Plan:
     for methods in (claim, [m for m in g.methods if m not in CLAIM_METHODS]):
         for seed, method, dropout in ((s, m, d) for s in range(_seeds(grid)) for m in methods for d in g.dropouts):
             extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
+            # T-Fixup has no warm-up: it decays from the first step, with the others' warm-up length as its period
             train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed,
-                     "device": grid.device, "max_updates": g.max_updates, "warmup_steps": g.warmup_steps,
-                     "lr": g.lr, "checkpoint": True, "extra": extra}
-            if not as_method(method).warmup:  # T-Fixup: no warm-up; it decays from the first step, with the others'
-                train["decay_period"] = train.pop("warmup_steps")  # warm-up length as its period
+                     "device": grid.device, "max_updates": g.max_updates,
+                     **warmup_options(as_method(method), g.warmup_steps), "lr": g.lr, "checkpoint": True,
+                     "extra": extra}
             if g.data_dir:
                 train["data_dir"] = g.data_dir
             cell = Cell("translation", method, {"dropout": dropout}, seed, cost=g.cost_per_cell,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._devices import check_device_name
-from ..method import resolve_method
+from ..method import CLIPPINGS, resolve_method
 
 __all__ = ["ACCOUNTANTS", "CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGES", "SCHEDULES", "SECTIONS",
            "DataOptions", "ImageOptions", "ModelOptions", "OptimisationOptions", "PrivacyOptions",
@@ -28,7 +28,8 @@ __all__ = ["ACCOUNTANTS", "CLIPS", "OPTIMIZERS", "PRECISIONS", "RESUMABLE_CHANGE
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine", "inverse_sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
-CLIPS = ("auto", "norm", "agc", "none")
+# Gradient clipping: the vocabulary of fixup.method.CLIPPINGS (norm | agc | none), and "auto": the method's own.
+CLIPS = ("auto", *CLIPPINGS)
 ACCOUNTANTS = ("rdp", "prv")  # Opacus's privacy accountants: Renyi DP (Mironov 2017), PRV (Gopi et al. 2021)
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
@@ -348,7 +349,7 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
             (self.mixup_alpha > 0,
              f"mixup_alpha={self.mixup_alpha} mixes the examples of a batch, so an example's gradient depends on "
              "others and clipping it bounds nothing; set --mixup-alpha 0 under dp"),
-            (self.clip in ("norm", "agc"),
+            (self.clip not in ("auto", "none"),  # a clipping of the engine's, which dp's replaces
              f"clip={self.clip!r}: under dp each example's gradient is clipped to max_grad_norm, which replaces the "
              "engine's clipping; leave --clip auto (or none) and set --max-grad-norm"),
             (self.precision != "fp32",

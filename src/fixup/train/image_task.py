@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from ..data import ImageData, TensorImages, load_images, normalize, random_crop, random_flip
 from .config import TrainConfig
+from .recipe import config_method
 from .regularisers import cutout, mixup, soft_targets
 from .task import Shard, poisson_batches, seeded_generator, shard_order
 
@@ -68,8 +69,9 @@ class ImageClassification:
     def _adapted_model(self, config: TrainConfig) -> nn.Module:
         """The user's model from ``config.adapt`` (``module:factory``; the factory may take ``num_classes`` and
         ``in_channels``), adapted on two training images by the method ``init`` names (``fixup``, ``skipinit``,
-        ``rezero``; :func:`fixup.adapt` refuses the others, naming what works), by Fixup when ``init`` is empty and
-        ``norm`` is ``fixup``, else trained as built."""
+        ``rezero``; :func:`fixup.adapt` refuses the others, naming what works), by the norm's own method when
+        ``init`` is empty and adapt applies it (``Method.adapt``: Fixup under ``norm="fixup"``), else trained as
+        built."""
         import inspect
 
         from ..external import adapt, load_factory
@@ -81,12 +83,12 @@ class ImageClassification:
         model = made[0] if isinstance(made, tuple) else made
         if not isinstance(model, nn.Module):
             raise ValueError(f"--adapt {config.adapt}: the factory returned {type(model).__name__}, not an nn.Module")
-        method = config.init or ("fixup" if config.norm == "fixup" else "")
-        if method:
+        method = config_method(config)
+        if config.init or method.adapt:  # a method named explicitly, or the norm's own that adapt applies (fixup)
             example, _ = next(self._load(self.data.train, [[0, 1]]))
             if config.dp:  # no training image may shape the model outside the accounting: noise of their shape
                 example = torch.randn(example.shape, generator=seeded_generator(config.seed, _ADAPT_KEY))
-            model, _ = adapt(model, example, method=method)
+            model, _ = adapt(model, example, method=method.name)
         return model
 
     # -- data -------------------------------------------------------------------------------------

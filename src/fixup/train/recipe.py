@@ -16,20 +16,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..method import Method, resolve_method
+from ..method import CLIPPINGS, Method, resolve_method
 from .config import TrainConfig
 
-__all__ = ["Recipe", "apply_recipe", "recipe_defaults"]
-
-_CLIP_SOURCES = {"agc": "adaptive gradient clipping (Brock et al. 2021b, section 4.1; fixup.adaptive_clip_grad_)"}
-
+__all__ = ["Recipe", "apply_recipe", "config_method", "recipe_defaults", "warmup_options"]
 
 @dataclass(frozen=True)
 class Recipe:
     """What the engine applied of the method's recipe, and why (JSON-able with :meth:`to_dict`)."""
 
     method: str  # the method of fixup.METHODS the config resolves to
-    clip: str  # the gradient clipping the engine applies: norm | agc | none
+    clip: str  # the gradient clipping the engine applies: a key of fixup.method.CLIPPINGS (norm | agc | none)
     clip_from: str  # "method" (its recipe), "explicit" (the config's clip), "default" (the engine's, clip=auto) or
     # "dp" (private training: the per-example clipping replaces the engine's)
     warmup_steps: int  # the warm-up the run has
@@ -56,7 +53,7 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
                      f"{config.max_grad_norm:g} before the noise is added (Opacus), in place of {replaced}")
     elif config.clip == "auto" and method.clip:
         clip, clip_from = method.clip, "method"
-        clip_note = f"clip={clip}: {name}'s recipe, {_CLIP_SOURCES[clip]} (clip=auto)"
+        clip_note = f"clip={clip}: {name}'s recipe, {CLIPPINGS[clip]} (clip=auto)"
     elif config.clip == "auto":
         clip, clip_from = "norm", "default"
         clip_note = (f"clip=norm at {config.grad_clip:g}: the engine's default; {name}'s recipe prescribes no clipping"
@@ -96,7 +93,16 @@ def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[s
     method = resolve_method(merged.get("norm") or None, merged.get("init") or None)
     if not method.warmup and "warmup_steps" not in given:
         schedule = given.get("schedule", out.get("schedule"))
+        period = warmup_options(method, out.pop("warmup_steps", 0))
         if schedule == "inverse_sqrt" and "decay_period" not in given and not out.get("decay_period"):
-            out["decay_period"] = out.get("warmup_steps", 0)
+            out.update(period)
         out["warmup_steps"] = 0
     return out
+
+
+def warmup_options(method: Method, warmup_steps: int) -> dict[str, int]:
+    """The schedule options of a recipe whose warm-up is ``warmup_steps`` long, as ``method`` trains with it:
+    ``{"warmup_steps": warmup_steps}``, or for a method whose recipe has no warm-up (``Method.warmup`` False:
+    T-Fixup) ``{"decay_period": warmup_steps}``: the inverse square-root decay from the first step, with the
+    warm-up's length as its period (T-Fixup's authors' IWSLT recipe: P = 4,000, the base recipe's warm-up)."""
+    return {"warmup_steps" if method.warmup else "decay_period": warmup_steps}
