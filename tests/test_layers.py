@@ -112,3 +112,21 @@ def test_no_private_name_crosses_a_package() -> None:
                 if what.startswith("_") and not what.startswith("__") and imported in modules
                 and package(imported) != package(name)]
     assert not crossing, crossing
+
+
+def test_the_fast_paths_sit_below_the_models() -> None:
+    """``fixup.perf`` (lean forward, folding, checkpointing) is used by the models, so it imports none of them:
+    only the scalar layers (``fixup.nn``), the residual-block protocol (``fixup.branch``) and itself."""
+    graph = _graph()
+    upward = [f"{name} imports {target}" for name in graph if name.split(".")[:2] == ["fixup", "perf"]
+              for target in graph[name]
+              if target.split(".")[:2] != ["fixup", "perf"] and target not in ("fixup.nn", "fixup.branch")]
+    assert not upward, upward
+
+
+def test_only_the_command_line_imports_the_benchmarks() -> None:
+    """``fixup.bench`` builds the models to measure them; nothing in the library imports it but ``fixup.cli``."""
+    graph = _graph()
+    downward = [f"{name} imports {target}" for name in graph if name.split(".")[:2] != ["fixup", "bench"]
+                and name != "fixup.cli" for target in graph[name] if target.split(".")[:2] == ["fixup", "bench"]]
+    assert not downward, downward

@@ -1,6 +1,6 @@
 """Speed and memory of every model family under Fixup, its bare form and its normalised baseline, side by side.
 
-``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and execution
+``benchmark(config)`` builds each family (:mod:`fixup.bench.families`) once per variant and execution
 mode (:data:`MODES`: eager, ``torch.compile``, bfloat16 autocast, both) and, for each thread count, measures
 in one process and interleaved (every repetition times each variant in each mode once, in a rotating order,
 so that load from other processes falls on all of them alike; a repetition repeats a short call until it lasts
@@ -8,7 +8,7 @@ about ``rep_seconds``, the same number of calls for every variant, and records t
 
 - the training step: forward, cross-entropy, backward and an SGD step (momentum 0.9);
 - the forward pass (``torch.no_grad``, eval mode), which is also where the folded model is timed;
-- peak memory of one training step (see :mod:`fixup.perf.memory`), once per family and mode.
+- peak memory of one training step (see :mod:`fixup.bench.memory`), once per family and mode.
 
 Every ratio is to the bare network of the same family in the same mode timed in the same repetition (the
 median of the per-repetition ratios, with their min and max; and the ratio of the fastest repetitions, which
@@ -39,7 +39,7 @@ import torch._dynamo
 from torch import nn
 
 from .._devices import check_device_name, resolve_device
-from .bench_families import (
+from .families import (
     FAMILIES,
     FLOOR,
     FORWARD_ONLY,
@@ -83,7 +83,7 @@ class BenchConfig:
     batch: int | None = None  # examples per step; None: each family's default
     depth: int | None = None  # the CIFAR ResNet's depth (6n+2); None: the family's (20)
     image_size: int | None = None  # image side in pixels for the ResNets; None: each family's (32, 64)
-    width: int | None = None  # each family's width (bench_families.family_options); None: the family's own
+    width: int | None = None  # each family's width (families.family_options); None: the family's own
     device: str = "cpu"  # cpu, cuda, cuda:N or auto (threads apply to the CPU)
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
