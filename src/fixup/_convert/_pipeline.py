@@ -16,7 +16,7 @@ from .._adapt._rewrite import Rewriter
 from ..branch import Branch, find_branches
 from ..nn import Gate
 from ._norms import PER_EXAMPLE_OPTIONS
-from ._replace import Copy, plan_norms, record_copy, replace_norms
+from ._replace import Conversion, plan_norms, record_copy, replace_norms
 from ._report import ConvertError, ConvertReport, ConvertWarning, NormFate, TrainModeWarning
 
 __all__ = ["TOLERANCE", "convert"]
@@ -69,7 +69,7 @@ def _check_options(method: str, per_example_norms: str) -> None:
         raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_OPTIONS}, got {per_example_norms!r}")
 
 
-def _add_scalars(job: Copy, method: str, name: str) -> tuple[list[str], list[str]]:
+def _add_scalars(job: Conversion, method: str, name: str) -> tuple[list[str], list[str]]:
     """Declare the branches and add the method's scalars at their identity values; returns (the scalars added,
     notes for the report)."""
     gated = method != "fixup"
@@ -97,12 +97,12 @@ def _add_scalars(job: Copy, method: str, name: str) -> tuple[list[str], list[str
     return list(rw.added), notes
 
 
-def _restore_modes(job: Copy) -> None:
+def _restore_modes(job: Conversion) -> None:
     for m in job.model.modules():  # the modes it had; the modules convert put in, the root's
         m.train(job.modes.get(m, job.modes[job.model]))
 
 
-def _check_nonlinearities(job: Copy, args: tuple[Tensor, ...], leaf_modules: tuple[type[nn.Module], ...],
+def _check_nonlinearities(job: Conversion, args: tuple[Tensor, ...], leaf_modules: tuple[type[nn.Module], ...],
                           name: str) -> None:
     source = job.model
     after = in_mode(source, False, lambda: record(source, args, leaf_modules))

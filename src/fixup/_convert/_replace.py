@@ -20,7 +20,7 @@ from . import _norms
 from ._fold import affine_of, fold_into, frozen_affine, is_frozen_batchnorm, plan_batchnorm
 from ._report import ConvertError, ConvertWarning, NormFate, SharedNormWarning, StatisticsWarning
 
-__all__ = ["Copy", "NormPlan", "plan_norms", "record_copy", "replace_norms"]
+__all__ = ["Conversion", "NormPlan", "plan_norms", "record_copy", "replace_norms"]
 
 # A normalisation module by its class name (RMSNorm, T5LayerNorm, FrozenBatchNorm2d), not Normalize or ConvNormAct.
 _NORM_NAME = re.compile(r"Norm(\d[dD])?$")
@@ -82,7 +82,7 @@ def _gather(model: nn.Module, batches: list[tuple[Tensor, ...]], targets: dict[s
 
 
 @dataclass
-class Copy:
+class Conversion:
     """The deep copy being converted, its recording on the example input, and what the steps read from it."""
 
     model: nn.Module  # converted in place
@@ -107,20 +107,23 @@ class NormPlan:
     frozen: dict[str, nn.Module]  # frozen BatchNorms, computed op by op: swapped whole
 
 
-def record_copy(model: nn.Module, args: tuple[Tensor, ...], leaf_modules: tuple[type[nn.Module], ...]) -> Copy:
+def record_copy(model: nn.Module, args: tuple[Tensor, ...],
+                leaf_modules: tuple[type[nn.Module], ...]) -> Conversion:
+    """A deep copy of ``model`` (on the non-fast path where PyTorch's Transformer modules read the norms),
+    recorded on ``args`` in eval mode and analysed."""
     source = copy.deepcopy(model)
     modes = {m: m.training for m in source.modules()}
     swapped = V.slow_path_(source)
     rec = in_mode(source, False, lambda: record(source, args, leaf_modules))
     modules = dict(source.named_modules())
     nonlinearities = rec.nonlinearities(modules)
-    return Copy(source, modes, swapped, rec, modules, nonlinearities, analyse(rec.graph, modules),
-                 _aliases(source), _tied(source))
+    return Conversion(source, modes, swapped, rec, modules, nonlinearities, analyse(rec.graph, modules),
+                      _aliases(source), _tied(source))
 
 
-def _unknown_norms(job: Copy, nodes: dict[str, Any], frozen: dict[str, nn.Module]) -> list[str]:
-    """Why each normalisation convert cannot replace at all is refused: computed by a function, or of a type it
-    does not know."""
+def _unknown_norms(job: Conversion, nodes: dict[str, Any], frozen: dict[str, nn.Module]) -> list[str]:
+    """Why convert refuses the normalisations it cannot replace at all: computed by a function, or of a type it does
+    not know."""
     refused = [f"{n.name}: a normalisation computed by a function ({V._name(n)}), which cannot be replaced; use the "
                "module form (nn.LayerNorm, nn.BatchNorm2d, ...)" for n in job.rec.graph.nodes if V.functional_norm(n)]
     handled = {id(job.modules[p]) for p in nodes}
@@ -137,7 +140,7 @@ def _has_running_statistics(mod: nn.Module) -> bool:
         (isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats)
 
 
-def plan_norms(job: Copy, per_example_norms: str, name: str) -> NormPlan:
+def plan_norms(job: Conversion, per_example_norms: str, name: str) -> NormPlan:
     """Sort every normalisation into exact (running statistics) and fitted (per-example); raise a
     :class:`ConvertError` listing every one that cannot be kept."""
     nodes: dict[str, Any] = {}
@@ -176,7 +179,7 @@ def plan_norms(job: Copy, per_example_norms: str, name: str) -> NormPlan:
     return plan
 
 
-def _exact_replacement(job: Copy, plan: NormPlan, path: str, dims: dict[str, int]) -> tuple[nn.Module, NormFate]:
+def _exact_replacement(job: Conversion, plan: NormPlan, path: str, dims: dict[str, int]) -> tuple[nn.Module, NormFate]:
     """A BatchNorm (or InstanceNorm with running statistics) folded into the layer before it, or its affine."""
     mod, calls = job.modules[path], job.rec.calls.get(path, 0)
     tail = plan.tails[path]
@@ -189,7 +192,7 @@ def _exact_replacement(job: Copy, plan: NormPlan, path: str, dims: dict[str, int
     return affine_of(mod, tail), NormFate(path, type(mod).__name__, "affine", fold.why, "", True, 0.0, calls)
 
 
-def _fitted_replacement(job: Copy, plan: NormPlan, path: str, per_example_norms: str, sequential: bool,
+def _fitted_replacement(job: Conversion, plan: NormPlan, path: str, per_example_norms: str, sequential: bool,
                         batches: list[tuple[Tensor, ...]], seen: dict[str, list[Tensor]],
                         wanted: dict[str, list[Tensor]], replay: bool) -> tuple[nn.Module, NormFate]:
     """A per-example norm replaced by an affine or Dynamic Tanh fitted to its outputs (unfitted when replaying a
@@ -207,7 +210,7 @@ def _fitted_replacement(job: Copy, plan: NormPlan, path: str, per_example_norms:
                          f"({len(seen.get(path, []))} calls; {on})", "", False, change, job.rec.calls.get(path, 0))
 
 
-def _shared_warning(job: Copy, path: str) -> tuple[str, type[ConvertWarning]] | None:
+def _shared_warning(job: Conversion, path: str) -> tuple[str, type[ConvertWarning]] | None:
     mod, calls = job.modules[path], job.rec.calls.get(path, 0)
     names = job.aliases[id(mod)]
     if len(names) == 1 and calls <= 1:
@@ -217,7 +220,7 @@ def _shared_warning(job: Copy, path: str) -> tuple[str, type[ConvertWarning]] | 
             "; it becomes one module that serves every call (its function is kept)", SharedNormWarning)
 
 
-def replace_norms(job: Copy, plan: NormPlan, args: tuple[Tensor, ...], batches: list[tuple[Tensor, ...]],
+def replace_norms(job: Conversion, plan: NormPlan, args: tuple[Tensor, ...], batches: list[tuple[Tensor, ...]],
                    per_example_norms: str, sequential: bool, replay: bool,
                    warned: list[tuple[str, type[ConvertWarning]]]) -> list[NormFate]:
     """Replace every normalisation in the copy, in execution order; returns what became of each and adds to
