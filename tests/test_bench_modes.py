@@ -9,7 +9,8 @@ import torch
 
 import fixup.bench.speed as bench
 from fixup.bench.families import FAMILIES, build_variant, loss_fn, make_batch
-from fixup.bench.speed import BenchConfig, _Runner, benchmark, format_modes, mode_parts
+from fixup.bench.speed import BenchConfig, _Runner, benchmark, mode_parts
+from fixup.bench.tables import format_modes
 from fixup.cli import main
 
 

@@ -9,7 +9,8 @@ import torch
 
 from fixup.bench.families import FAMILIES, build_variant, make_batch
 from fixup.bench.memory import model_bytes, peak_step_memory
-from fixup.bench.speed import BenchConfig, benchmark, format_table
+from fixup.bench.speed import BenchConfig, benchmark
+from fixup.bench.tables import format_table
 from fixup.cli import main
 from fixup.nn import Bias, Scale
 
