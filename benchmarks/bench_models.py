@@ -1,6 +1,6 @@
 """Speed and memory of every model family under Fixup, its bare form and BatchNorm/LayerNorm, side by side.
 
-The same benchmark as ``fixup bench`` (the code is fixup.perf.bench), runnable from a checkout with the same
+The same benchmark as ``fixup bench`` (the code is fixup.bench.speed), runnable from a checkout with the same
 options, e.g. every family x 1 and 2 threads x eager and compiled:
 
     python benchmarks/bench_models.py --compile --variants none fixup norm fixup-folded --threads 1 2 --reps 3 \
@@ -21,7 +21,7 @@ _SRC = Path(__file__).resolve().parents[1] / "src"
 if (_SRC / "fixup").is_dir():
     sys.path.insert(0, str(_SRC))
 
-from fixup import bench  # noqa: E402
+from fixup.bench import speed as bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

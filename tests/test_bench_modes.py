@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-import fixup.perf.bench as bench
+import fixup.bench.speed as bench
+from fixup.bench.families import FAMILIES, build_variant, loss_fn, make_batch
+from fixup.bench.speed import BenchConfig, _Runner, benchmark, mode_parts
+from fixup.bench.tables import format_modes
 from fixup.cli import main
-from fixup.perf.bench import BenchConfig, _Runner, benchmark, format_modes, mode_parts
-from fixup.perf.bench_families import FAMILIES, build_variant, loss_fn, make_batch
 
 
 def test_mode_parts_and_cli_shorthands():

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fixup.bench.memory import peak_step_memory
 from fixup.models import create_model
 from fixup.perf.checkpointing import (
     CheckpointedSequential,
@@ -15,7 +16,6 @@ from fixup.perf.checkpointing import (
     disable_checkpointing,
     enable_checkpointing,
 )
-from fixup.perf.memory import peak_step_memory
 
 
 def _perturbed(depth: int):

@@ -62,7 +62,7 @@ def test_inspect_names_the_shortcut_projection_once(capsys) -> None:
 
 
 def test_bench_output_has_no_profiler_lines(capfd) -> None:
-    from fixup.perf.memory import peak_step_memory
+    from fixup.bench.memory import peak_step_memory
 
     model = fixup.create_model("resnet20")
     peak_step_memory(lambda: model(__import__("torch").randn(2, 3, 8, 8)).sum().backward(), model, "cpu")

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from _perturb import perturbed as _perturbed
+from fixup.bench.families import BARE_TRANSFORMER
 from fixup.method import METHODS
 from fixup.models import create_model
-from fixup.perf.bench_families import BARE_TRANSFORMER
 from fixup.perf.ops import set_lean
 
 FIXUP_METHODS = [name for name, m in METHODS.items() if m.fixup]

@@ -14,8 +14,8 @@ import torch._dynamo as dynamo
 from torch import nn
 
 from _perturb import perturbed
+from fixup.bench.families import FAMILIES, build_variant, make_batch
 from fixup.models import create_model
-from fixup.perf.bench_families import FAMILIES, build_variant, make_batch
 from fixup.perf.ops import lean_linear
 
 _CONV_FAMILIES = {

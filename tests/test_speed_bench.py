@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
+from fixup.bench.families import FAMILIES, build_variant, make_batch
+from fixup.bench.memory import model_bytes, peak_step_memory
+from fixup.bench.speed import BenchConfig, benchmark
+from fixup.bench.tables import format_table
 from fixup.cli import main
 from fixup.nn import Bias, Scale
-from fixup.perf.bench import BenchConfig, benchmark, format_table
-from fixup.perf.bench_families import FAMILIES, build_variant, make_batch
-from fixup.perf.memory import model_bytes, peak_step_memory
 
 
 def test_cpu_peak_memory_sees_a_temporary_tensor():
@@ -68,7 +69,7 @@ def test_tiny_benchmark_rows_ratios_memory_and_reasons():
 
 
 def test_ratios_are_medians_of_per_repetition_ratios_to_the_floor(monkeypatch):
-    import fixup.perf.bench as bench
+    import fixup.bench.speed as bench
 
     # Known times, so that the ratio is checked against numbers worked out by hand: per repetition the fixup
     # step takes 1.2, 1.5 and 1.1 times the floor's, whose median is 1.2 (the ratio of the medians would be 1.5).
@@ -110,7 +111,7 @@ def test_cli_bench_writes_json_and_keeps_profiler_logs_away(tmp_path, capfd):
 
 @pytest.mark.slow  # a fresh interpreter importing torch: ~10-20 s on a busy machine
 def test_deep_case_runs_in_a_fresh_process_and_reports_its_peak():
-    from fixup.perf.bench_deep import DeepCase, auto_segments, run_case_in_subprocess
+    from fixup.bench.deep import DeepCase, auto_segments, run_case_in_subprocess
 
     assert auto_segments(9998) == 71  # sqrt(4998 blocks)
     row = run_case_in_subprocess(DeepCase(depth=14, batch=2, segments=2, steps=2, image_size=8), timeout_s=120)
@@ -121,7 +122,7 @@ def test_deep_case_runs_in_a_fresh_process_and_reports_its_peak():
 
 
 def test_deep_sweep_refuses_depths_that_are_not_6n_plus_2():
-    from fixup.perf.bench_deep import sweep
+    from fixup.bench.deep import sweep
 
     with pytest.raises(ValueError, match="6n\\+2"):
         sweep([10000])
@@ -161,7 +162,7 @@ def test_biased_variant_is_the_bare_network_with_zero_layer_biases(family):
 
 
 def test_a_repetition_repeats_short_calls_the_same_number_of_times_for_every_variant(monkeypatch):
-    import fixup.perf.bench as bench
+    import fixup.bench.speed as bench
 
     class Fake:
         device = torch.device("cpu")

@@ -23,8 +23,8 @@ __all__ = ["main"]
 
 # Subcommand modules, in the order `fixup --help` lists them.
 _COMMANDS: tuple[str, ...] = ("fixup.cli", "fixup.train.cli", "fixup.translation.cli", "fixup.studies.cli",
-                              "fixup.studies.compare_cli", "fixup.perf.bench", "fixup.lab.cli",
-                              "fixup.perf.bench_deep", "fixup._convert._cli")
+                              "fixup.studies.compare_cli", "fixup.bench.speed", "fixup.lab.cli",
+                              "fixup.bench.deep", "fixup._convert._cli")
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict[str, Any]:

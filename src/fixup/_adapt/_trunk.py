@@ -32,7 +32,7 @@ docs/adapt.md ("The trunk") has the measurements that chose the default.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,60 @@ def _rms(out: Any) -> float:
     return math.nan if rms is None else rms
 
 
+def _declared_layers(model: nn.Module, rule: str) -> list[nn.Module]:
+    if rule not in TRUNK_RULES:
+        raise ValueError(f"trunk rule must be one of {TRUNK_RULES}, got {rule!r}")
+    declared = getattr(model, "trunk_layers", None)
+    if not callable(declared):
+        raise ValueError(f"{type(model).__name__} declares no trunk_layers(); run fixup.adapt(model, example_input), "
+                         "which finds and declares them")
+    return list(declared())
+
+
+def _lsuv(module: nn.Module, inputs: tuple, output: Any, tol: float, max_iter: int) -> tuple[float, float, Any]:
+    """Rescale ``module``'s weight until its output's RMS is 1 within ``tol``; (RMS before, after, new output)."""
+    before = after = _rms(output)
+    steps = 0
+    while math.isfinite(after) and after > 0 and abs(after - 1.0) >= tol and steps < max_iter:
+        module.weight.div_(after)
+        output = module.forward(*inputs)  # forward() bypasses the hooks; inputs carry the pre-hooks' biases
+        after = _rms(output)
+        steps += 1
+    return before, after, output
+
+
+def _run_hooked(model: nn.Module, layers: list[nn.Module], args: tuple[Tensor, ...], hook: Callable) -> None:
+    """One eval-mode forward of ``model`` with ``hook`` on every layer; the model's modes are restored."""
+    handles = [layer.register_forward_hook(hook) for layer in layers]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes.items():
+            m.train(mode)
+
+
+def _token_records(model: nn.Module, rule: str) -> list[TrunkRecord]:
+    """The model's declared token parameters (``trunk_tokens()``), rescaled to RMS 1 by ``"lsuv"``."""
+    out = []
+    tokens = getattr(model, "trunk_tokens", None)
+    for name in (tokens() if callable(tokens) else []):
+        param = model.get_parameter(name)
+        before = float(param.detach().float().pow(2).mean().sqrt())
+        if rule == "lsuv":
+            if before > 0 and math.isfinite(before):
+                param.div_(before)
+            else:
+                param.normal_(0.0, 1.0)
+        after = float(param.detach().float().pow(2).mean().sqrt())
+        out.append(TrunkRecord(name, "token", rule, before, after, float(param.float().std()) if param.numel() > 1
+                               else after))
+    return out
+
+
 @torch.no_grad()
 def trunk_init_(model: nn.Module, example_input: Tensor | Sequence[Tensor], rule: str = "lsuv", *,
                 tol: float = 0.01, max_iter: int = 5) -> list[TrunkRecord]:
@@ -83,17 +137,10 @@ def trunk_init_(model: nn.Module, example_input: Tensor | Sequence[Tensor], rule
     A layer whose output is zero or not finite cannot be calibrated: its record says so in ``note``, and so
     does one that ran no forward on the example input.
     """
-    if rule not in TRUNK_RULES:
-        raise ValueError(f"trunk rule must be one of {TRUNK_RULES}, got {rule!r}")
-    declared = getattr(model, "trunk_layers", None)
-    if not callable(declared):
-        raise ValueError(f"{type(model).__name__} declares no trunk_layers(); run fixup.adapt(model, example_input), "
-                         "which finds and declares them")
-    layers = list(declared())
+    layers = _declared_layers(model, rule)
     names = {id(m): n for n, m in model.named_modules()}
     args = (example_input,) if isinstance(example_input, Tensor) else tuple(example_input)
-    records: dict[int, TrunkRecord] = {}
-    order: list[int] = []
+    records: dict[int, TrunkRecord] = {}  # by id(layer), in execution order
     if rule == "fan_in":
         for layer in layers:
             if isinstance(layer, WEIGHT_LAYERS):
@@ -103,49 +150,22 @@ def trunk_init_(model: nn.Module, example_input: Tensor | Sequence[Tensor], rule
         key = id(module)
         if key in records:
             return None
-        before = after = _rms(output)
         note = ""
         if rule == "lsuv":
-            steps = 0
-            while math.isfinite(after) and after > 0 and abs(after - 1.0) >= tol and steps < max_iter:
-                module.weight.div_(after)
-                output = module.forward(*inputs)  # forward() bypasses the hooks; inputs carry the pre-hooks' biases
-                after = _rms(output)
-                steps += 1
+            before, after, output = _lsuv(module, inputs, output, tol, max_iter)
             if not (math.isfinite(after) and after > 0):
                 note = "output zero or not finite on the example input: not calibrated"
-        elif rule == "fan_in" and not isinstance(module, WEIGHT_LAYERS):
-            note = f"{type(module).__name__} is not nn.Linear/nn.Conv*: left as drawn"
+        else:
+            before = after = _rms(output)
+            if rule == "fan_in" and not isinstance(module, WEIGHT_LAYERS):
+                note = f"{type(module).__name__} is not nn.Linear/nn.Conv*: left as drawn"
         records[key] = TrunkRecord(names.get(key, "?"), type(module).__name__, rule, before, after,
                                    float(module.weight.float().std()), note)
-        order.append(key)
         return output if rule == "lsuv" else None
 
-    handles = [layer.register_forward_hook(visit) for layer in layers]
-    modes = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        model(*args)
-    finally:
-        for h in handles:
-            h.remove()
-        for m, mode in modes.items():
-            m.train(mode)
-    out = [records[k] for k in order]
-    tokens = getattr(model, "trunk_tokens", None)
-    for name in (tokens() if callable(tokens) else []):
-        param = model.get_parameter(name)
-        before = float(param.detach().float().pow(2).mean().sqrt())
-        if rule == "lsuv":
-            if before > 0 and math.isfinite(before):
-                param.div_(before)
-            else:
-                param.normal_(0.0, 1.0)
-        after = float(param.detach().float().pow(2).mean().sqrt())
-        out.append(TrunkRecord(name, "token", rule, before, after, float(param.float().std()) if param.numel() > 1
-                               else after))
-    for layer in layers:
-        if id(layer) not in records:
-            out.append(TrunkRecord(names.get(id(layer), "?"), type(layer).__name__, rule, math.nan, math.nan,
-                                   float(layer.weight.float().std()), "not run on the example input: left as drawn"))
-    return out
+    _run_hooked(model, layers, args, visit)
+    tokens = _token_records(model, rule)
+    unrun = [TrunkRecord(names.get(id(layer), "?"), type(layer).__name__, rule, math.nan, math.nan,
+                         float(layer.weight.float().std()), "not run on the example input: left as drawn")
+             for layer in layers if id(layer) not in records]
+    return [*records.values(), *tokens, *unrun]

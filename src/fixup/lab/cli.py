@@ -293,10 +293,7 @@ def _model_args(p: argparse.ArgumentParser, methods: bool = False) -> None:
     p.add_argument("--size", type=int, default=8, help="side of the Gaussian sample images in pixels")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    lab = sub.add_parser("lab", help="the laboratory: Fixup's theory made executable, probes of real networks")
-    labsub = lab.add_subparsers(dest="lab_command", required=True)
-
+def _add_theory(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("theory", help="the lesson's fixtures, first-step budgets, forward variance at init")
     p.add_argument("--depths", type=_ints, default=[1, 10, 100, 1000, 10000], help="L values for the budgets")
     p.add_argument("--variance-depths", type=_ints, default=[1, 5, 10, 20, 50, 100],
@@ -307,6 +304,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_theory)
 
+
+def _add_scalar(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("scalar", help="the scalar network of section 3: exact first-step Δf against depth")
     p.add_argument("--depths", type=_ints, default=[10, 100, 1000, 10000, 100000],
                    help="comma-separated numbers of residual branches L")
@@ -323,6 +322,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_scalar)
 
+
+def _add_update(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("update", help="measured Δf of SGD steps against depth on a real network")
     p.add_argument("--model", default="resnet_cifar", help="a registered model that takes depth=")
     p.add_argument("--depths", type=_ints, default=[20, 56, 110], help="comma-separated model depths")
@@ -339,6 +340,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_update)
 
+
+def _add_probe(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("probe", help="per-block statistics, symmetry and residual-shape checks of a model")
     _model_args(p)
     p.add_argument("--batch", type=int, default=10, help="examples in the Gaussian batch")
@@ -348,6 +351,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_probe)
 
+
+def _add_stream(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("stream", help="the stream biases' shared gradient: per stage, and the offset over the first "
                                          "steps")
     _model_args(p)
@@ -360,6 +365,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_stream)
 
+
+def _add_signal(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("signal", help="the stream's RMS at initialisation, stage by stage: normalised beside "
                                          "adapted")
     p.add_argument("model", help="a registered model name (built with BatchNorm, then adapted) or MODULE:FACTORY / "
@@ -376,6 +383,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_signal)
 
+
+def _add_scalars(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("scalars", help="a run's scalars over training: Fixup's multipliers and biases, the gates "
                                           "of SkipInit and ReZero, per epoch")
     p.add_argument("run", help="a run folder (fixup train --out-dir; a study or compare cell's folder), its "
@@ -385,8 +394,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="PATH", help="also write a figure to this file (PNG; needs matplotlib)")
     p.set_defaults(func=_scalars)
 
+
+def _add_coupling(labsub: argparse._SubParsersAction) -> None:
     p = labsub.add_parser("coupling", help="does one example's output depend on its batch companions?")
     _model_args(p, methods=True)
     p.add_argument("--companions", type=int, default=7, help="examples beside the probed one in its batch")
     _common(p)
     p.set_defaults(func=_coupling)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    lab = sub.add_parser("lab", help="the laboratory: Fixup's theory made executable, probes of real networks")
+    labsub = lab.add_subparsers(dest="lab_command", required=True)
+    for add in (_add_theory, _add_scalar, _add_update, _add_probe, _add_stream, _add_signal, _add_scalars,
+                _add_coupling):  # in the order `fixup lab --help` lists them
+        add(labsub)

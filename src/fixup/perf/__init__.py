@@ -1,7 +1,7 @@
-"""Speed and memory: the lean forward (:mod:`.ops`), folding for inference (:mod:`.fold`), segment
-checkpointing (:mod:`.checkpointing`), peak memory (:mod:`.memory`), operator profiles (:mod:`.profiling`) and
-the benchmarks behind ``fixup bench`` (:mod:`.bench`, :mod:`.bench_families`) and ``fixup bench-deep``
-(:mod:`.bench_deep`). See docs/performance.md.
+"""The fast paths the models run on: the lean forward (:mod:`.ops`), folding for inference (:mod:`.fold`) and
+segment checkpointing (:mod:`.checkpointing`). See docs/performance.md.
 
-Nothing is imported here: ``fixup.perf.ops`` and the others are imported by what uses them.
+This package sits below the models (they import it) and imports only :mod:`fixup.nn` and :mod:`fixup.branch`;
+the benchmarks that measure it are in :mod:`fixup.bench`. Nothing is imported here: ``fixup.perf.ops`` and
+the others are imported by what uses them.
 """

@@ -14,14 +14,13 @@ operations at inference. All of them fold into the layers beside them:
 Each block folds itself (a ``fold_()`` method built from :func:`fold_layer`); a model folds its own stem
 and head. :func:`fold_for_inference` asks every module that has ``fold_`` to fold, in module order (a model
 before its blocks, so that a model may hand its blocks what crosses block boundaries: the Wide-ResNet's
-pre-activation biases ride on the residual stream). Blocks of other libraries can register a rule with
-:func:`register_folder`; blocks with scalars and no rule are left as they are and named in the result.
+pre-activation biases ride on the residual stream). A block of your own folds by defining ``fold_``; residual
+blocks with scalars and no ``fold_`` are left as they are and named in the result.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,8 +29,7 @@ from torch import Tensor, nn
 from ..nn import Bias, Scale
 from .ops import ShiftedConv2d, scalar_value
 
-__all__ = ["FOLDERS", "FoldResult", "ShiftedConv2d", "fold_after", "fold_for_inference",
-           "fold_layer", "register_folder"]
+__all__ = ["FoldResult", "ShiftedConv2d", "fold_after", "fold_for_inference", "fold_layer"]
 
 
 @dataclass
@@ -40,23 +38,8 @@ class FoldResult:
 
     model: nn.Module
     folded: int = 0  # scalar modules folded into weights and replaced by nn.Identity
-    kept: int = 0  # scalar modules left in place (blocks with a normalisation layer, or without a rule)
-    unsupported: list[str] = field(default_factory=list)  # block types with scalars and no folding rule
-
-
-# block type -> function folding that block in place and returning the number of scalars it folded
-FOLDERS: dict[type[nn.Module], Callable[[nn.Module], int]] = {}
-
-
-def register_folder(block_type: type[nn.Module]) -> Callable[[Callable[[nn.Module], int]], Callable[[nn.Module], int]]:
-    """Decorator: register ``fn(block) -> folded count`` as the folding rule of ``block_type``
-    (for blocks that have no ``fold_`` method of their own)."""
-
-    def decorate(fn: Callable[[nn.Module], int]) -> Callable[[nn.Module], int]:
-        FOLDERS[block_type] = fn
-        return fn
-
-    return decorate
+    kept: int = 0  # scalar modules left in place (blocks with a normalisation layer, or without fold_)
+    unsupported: list[str] = field(default_factory=list)  # residual block types with scalars and no fold_
 
 
 def _padded(layer: nn.Module) -> bool:
@@ -133,11 +116,8 @@ def fold_for_inference(model: nn.Module, inplace: bool = False) -> FoldResult:
     folded, unsupported = 0, set()
     for module in list(model.modules()):
         own = getattr(module, "fold_", None)
-        rule = FOLDERS.get(type(module))
         if callable(own):
             folded += own()
-        elif rule is not None:
-            folded += rule(module)
         elif hasattr(module, "residual_branches") and any(isinstance(m, (Bias, Scale)) for m in module.children()):
             unsupported.add(type(module).__name__)
     return FoldResult(model.eval(), folded, before - folded, sorted(unsupported))

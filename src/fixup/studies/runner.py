@@ -214,92 +214,117 @@ def run_tasks(tasks: Sequence[Task], root: str | Path, *, jobs: int = 1, progres
         return _run_locked(tasks, store, jobs, progress, seconds_per_cost, keep_checkpoints)
 
 
+class _Run:
+    """One locked run's bookkeeping: its progress and ETA, and which cells ran, failed or found problems."""
+
+    def __init__(self, tasks: Sequence[Task], store: Store, jobs: int, progress: ProgressFn | None,
+                 seconds_per_cost: float | None) -> None:
+        self.start = time.perf_counter()
+        self.todo = [t for t in tasks if not store.is_done(t.cell)]  # in the order they run
+        self.resumed = [t.cell.key for t in tasks if t not in self.todo]
+        self.state = Progress(total=len(tasks), done=len(self.resumed), resumed=len(self.resumed))
+        self.clock = _Clock(min(jobs, max(1, len(self.todo))), seconds_per_cost)
+        self.remaining = sum(t.cell.cost for t in self.todo)
+        self.ran: list[str] = []
+        self.failed: dict[str, str] = {}
+        self.problems = list(store.problems)
+        self.progress = progress
+
+    def report(self, message: str) -> None:
+        self.state.elapsed = time.perf_counter() - self.start
+        self.state.eta = self.clock.eta(self.remaining) if self.todo else 0.0
+        if self.progress is not None:
+            self.progress(self.state, message)
+
+    def announce_problems(self) -> None:
+        """The store's problems, found when it was opened."""
+        for problem in list(self.problems):
+            if self.progress is not None:
+                self.progress(self.state, f"PROBLEM {problem}")
+
+    def started(self, task: Task) -> None:
+        self.state.running.append(task.cell.key)
+        self.report(f"running {task.cell.key}")
+
+    def finished(self, task: Task, key: str, seconds: float, error: str | None, found: list[str]) -> None:
+        """Record what :func:`_execute` returned for ``task``."""
+        for problem in found:
+            self.problems.append(problem)
+            self.report(f"PROBLEM {problem}")
+        self.state.running.remove(key)
+        self.remaining -= task.cell.cost
+        if error is None:
+            self.state.done += 1
+            self.ran.append(key)
+            self.clock.add(seconds, task.cell.cost)
+            self.report(f"finished {key} in {format_seconds(seconds)}")
+        else:
+            self.state.failed += 1
+            self.failed[key] = error
+            self.report(f"FAILED {key}: {error.strip().splitlines()[-1]}")
+
+    def summary(self) -> RunSummary:
+        rate = self.clock.seconds / self.clock.cost if self.clock.cost > 0 else None
+        return RunSummary(ran=self.ran, resumed=self.resumed, failed=self.failed,
+                          seconds=time.perf_counter() - self.start, seconds_per_cost=rate, problems=self.problems)
+
+
 def _run_locked(tasks: Sequence[Task], store: Store, jobs: int, progress: ProgressFn | None,
                 seconds_per_cost: float | None, keep_checkpoints: bool) -> RunSummary:
-    start = time.perf_counter()
-    todo = [t for t in tasks if not store.is_done(t.cell)]  # in the order they run
-    resumed = [t.cell.key for t in tasks if t not in todo]
-    state = Progress(total=len(tasks), done=len(resumed), resumed=len(resumed))
-    clock = _Clock(min(jobs, max(1, len(todo))), seconds_per_cost)
-    remaining = sum(t.cell.cost for t in todo)
-    ran: list[str] = []
-    failed: dict[str, str] = {}
-
-    def report(message: str) -> None:
-        state.elapsed = time.perf_counter() - start
-        state.eta = clock.eta(remaining) if todo else 0.0
-        if progress is not None:
-            progress(state, message)
-
-    problems = list(store.problems)
-    for problem in problems:
-        if progress is not None:
-            progress(state, f"PROBLEM {problem}")
-
-    def finished(task: Task, key: str, seconds: float, error: str | None, found: list[str]) -> None:
-        nonlocal remaining
-        for problem in found:
-            problems.append(problem)
-            report(f"PROBLEM {problem}")
-        state.running.remove(key)
-        remaining -= task.cell.cost
-        if error is None:
-            state.done += 1
-            ran.append(key)
-            clock.add(seconds, task.cell.cost)
-            report(f"finished {key} in {format_seconds(seconds)}")
-        else:
-            state.failed += 1
-            failed[key] = error
-            report(f"FAILED {key}: {error.strip().splitlines()[-1]}")
-
-    report("start")
+    run = _Run(tasks, store, jobs, progress, seconds_per_cost)
+    run.announce_problems()
+    run.report("start")
     root_s = str(store.root)
-    if jobs == 1 or len(todo) <= 1:
-        for task in todo:
-            state.running.append(task.cell.key)
-            report(f"running {task.cell.key}")
-            finished(task, *_execute(task.fn, task.cell, root_s, keep_checkpoints))
+    if jobs == 1 or len(run.todo) <= 1:
+        for task in run.todo:
+            run.started(task)
+            run.finished(task, *_execute(task.fn, task.cell, root_s, keep_checkpoints))
     else:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                                 initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
-            queue = list(todo)
-            pending: dict[Future[Any], Task] = {}
-            try:
-                while queue or pending:
-                    while queue and len(pending) < jobs:
-                        task = queue.pop(0)
-                        pending[pool.submit(_execute, task.fn, task.cell, root_s, keep_checkpoints)] = task
-                        state.running.append(task.cell.key)
-                        report(f"running {task.cell.key}")
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        finished(pending.pop(fut), *fut.result())
-            except BaseException:  # Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt), a bug here
-                # Stop the running cells too: SIGTERM makes the engine checkpoint, so they resume next run. The
-                # store's lock is held until they have exited: a run started at once must not find a cell's
-                # worker still writing its checkpoint.
-                workers = list((pool._processes or {}).values())  # no public API lists the workers
-                for proc in workers:
-                    proc.terminate()
-                deadline = time.monotonic() + STOP_SECONDS
-                # A stopped cell writes its checkpoint and reports back (the engine's SIGTERM); its worker then
-                # waits for work and would never exit by itself, so once every running cell has reported, the
-                # workers are idle and are killed at once. A worker that died instead breaks the pool, and
-                # which of the others are still writing is unknown: each gets until the deadline.
-                wait(pending, timeout=STOP_SECONDS)
-                idle = all(f.done() and (f.cancelled() or not isinstance(f.exception(), BrokenProcessPool))
-                           for f in pending)
-                for proc in workers:
-                    if not idle:
-                        proc.join(max(0.0, deadline - time.monotonic()))
-                    if proc.is_alive():
-                        proc.kill()  # idle, or past the deadline: its cell resumes from its last checkpoint
-                    proc.join()
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-    report("end")
-    rate = clock.seconds / clock.cost if clock.cost > 0 else None
-    return RunSummary(ran=ran, resumed=resumed, failed=failed, seconds=time.perf_counter() - start,
-                      seconds_per_cost=rate, problems=problems)
+        _run_in_pool(run, jobs, root_s, keep_checkpoints)
+    run.report("end")
+    return run.summary()
+
+
+def _run_in_pool(run: _Run, jobs: int, root_s: str, keep_checkpoints: bool) -> None:
+    """Run ``run.todo`` in ``jobs`` spawned workers, at most ``jobs`` cells at a time, in order."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                             initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
+        queue = list(run.todo)
+        pending: dict[Future[Any], Task] = {}
+        try:
+            while queue or pending:
+                while queue and len(pending) < jobs:
+                    task = queue.pop(0)
+                    pending[pool.submit(_execute, task.fn, task.cell, root_s, keep_checkpoints)] = task
+                    run.started(task)
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    run.finished(pending.pop(fut), *fut.result())
+        except BaseException:  # Ctrl-C, SIGTERM (the CLI turns it into KeyboardInterrupt), a bug here
+            _stop_workers(pool, pending)
+            raise
+
+
+def _stop_workers(pool: ProcessPoolExecutor, pending: dict[Future[Any], Task]) -> None:
+    """Stop the running cells too: SIGTERM makes the engine checkpoint, so they resume next run. The store's lock is
+    held until they have exited: a run started at once must not find a cell's worker still writing its checkpoint.
+    """
+    workers = list((pool._processes or {}).values())  # no public API lists the workers
+    for proc in workers:
+        proc.terminate()
+    deadline = time.monotonic() + STOP_SECONDS
+    # A stopped cell writes its checkpoint and reports back (the engine's SIGTERM); its worker then
+    # waits for work and would never exit by itself, so once every running cell has reported, the
+    # workers are idle and are killed at once. A worker that died instead breaks the pool, and
+    # which of the others are still writing is unknown: each gets until the deadline.
+    wait(pending, timeout=STOP_SECONDS)
+    idle = all(f.done() and (f.cancelled() or not isinstance(f.exception(), BrokenProcessPool))
+               for f in pending)
+    for proc in workers:
+        if not idle:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()  # idle, or past the deadline: its cell resumes from its last checkpoint
+        proc.join()
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -53,8 +53,8 @@ def auto_segments(depth: int) -> int:
 def run_case(case: DeepCase) -> dict[str, Any]:
     """Run ``case`` in this process; returns its figures (peak RSS is this process's whole life)."""
     from ..models import create_model
-    from .checkpointing import enable_checkpointing
-    from .ops import set_lean
+    from ..perf.checkpointing import enable_checkpointing
+    from ..perf.ops import set_lean
 
     torch.set_num_threads(case.threads)
     gen = torch.Generator().manual_seed(case.seed)
@@ -92,7 +92,7 @@ def run_case_in_subprocess(case: DeepCase, timeout_s: float | None = None) -> di
     src = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": str(case.threads)}
-    cmd = [sys.executable, "-m", "fixup.perf.bench_deep", "--case", json.dumps(asdict(case))]
+    cmd = [sys.executable, "-m", "fixup.bench.deep", "--case", json.dumps(asdict(case))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:

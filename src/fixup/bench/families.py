@@ -33,9 +33,9 @@ from torch import Tensor, nn
 
 from ..method import METHODS, Method
 from ..models import create_model
+from ..perf.fold import fold_for_inference
+from ..perf.ops import set_lean
 from ..report import FixupWarning
-from .fold import fold_for_inference
-from .ops import set_lean
 
 __all__ = ["FAMILIES", "FLOOR", "VARIANTS", "Family", "build_variant", "make_batch"]
 

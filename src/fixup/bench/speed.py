@@ -1,6 +1,6 @@
 """Speed and memory of every model family under Fixup, its bare form and its normalised baseline, side by side.
 
-``benchmark(config)`` builds each family (:mod:`fixup.perf.bench_families`) once per variant and execution
+``benchmark(config)`` builds each family (:mod:`fixup.bench.families`) once per variant and execution
 mode (:data:`MODES`: eager, ``torch.compile``, bfloat16 autocast, both) and, for each thread count, measures
 in one process and interleaved (every repetition times each variant in each mode once, in a rotating order,
 so that load from other processes falls on all of them alike; a repetition repeats a short call until it lasts
@@ -8,7 +8,7 @@ about ``rep_seconds``, the same number of calls for every variant, and records t
 
 - the training step: forward, cross-entropy, backward and an SGD step (momentum 0.9);
 - the forward pass (``torch.no_grad``, eval mode), which is also where the folded model is timed;
-- peak memory of one training step (see :mod:`fixup.perf.memory`), once per family and mode.
+- peak memory of one training step (see :mod:`fixup.bench.memory`), once per family and mode.
 
 Every ratio is to the bare network of the same family in the same mode timed in the same repetition (the
 median of the per-repetition ratios, with their min and max; and the ratio of the fastest repetitions, which
@@ -39,7 +39,7 @@ import torch._dynamo
 from torch import nn
 
 from .._devices import check_device_name, resolve_device
-from .bench_families import (
+from .families import (
     FAMILIES,
     FLOOR,
     FORWARD_ONLY,
@@ -53,9 +53,9 @@ from .bench_families import (
 )
 from .memory import MEMORY_METHOD, peak_step_memory
 from .profiling import explain, op_profile
+from .tables import format_modes, format_table
 
-__all__ = ["FOLD_TARGET", "MEMORY_TARGET", "MODES", "STEP_TARGET", "BenchConfig", "benchmark", "format_modes",
-           "format_table", "mode_parts"]
+__all__ = ["FOLD_TARGET", "MEMORY_TARGET", "MODES", "STEP_TARGET", "BenchConfig", "benchmark", "mode_parts"]
 
 STEP_TARGET = 1.05  # Fixup training step / bare training step (issue 27)
 MEMORY_TARGET = 1.10  # Fixup peak memory / bare peak memory (issue 27)
@@ -83,7 +83,7 @@ class BenchConfig:
     batch: int | None = None  # examples per step; None: each family's default
     depth: int | None = None  # the CIFAR ResNet's depth (6n+2); None: the family's (20)
     image_size: int | None = None  # image side in pixels for the ResNets; None: each family's (32, 64)
-    width: int | None = None  # each family's width (bench_families.family_options); None: the family's own
+    width: int | None = None  # each family's width (families.family_options); None: the family's own
     device: str = "cpu"  # cpu, cuda, cuda:N or auto (threads apply to the CPU)
     warmup: int = 1  # untimed calls per variant before timing (at least 1 when compiling)
     reps: int = 5  # timed repetitions per variant (interleaved)
@@ -357,74 +357,6 @@ def benchmark(config: BenchConfig, progress: Callable[[str], None] | None = None
                          "the fastest repetitions; mode_ratio = the same variant's eager float32 step as the base",
         "rows": rows,
     }
-
-
-def _cell(ratio: dict[str, float] | None) -> str:
-    return "-" if ratio is None else f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
-
-
-def _render(head: list[str], body: list[list[str]], markdown: bool) -> list[str]:
-    if markdown:
-        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    return ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, *body]]
-
-
-def _footer(result: dict[str, Any]) -> str:
-    env = result["environment"]
-    return (f"\ntorch {env['torch']}, {env['cpus']} CPUs, load average {env['load_average']}; x = ratio to the "
-            f"bare network (norm none) of the same family in the same mode. Targets: step <= {STEP_TARGET}, memory <= "
-            f"{MEMORY_TARGET}, folded forward <= {FOLD_TARGET}. Memory: {result['memory_method']}.")
-
-
-def format_table(result: dict[str, Any], markdown: bool = False) -> str:
-    """The rows as a table: times and ratios to the bare network of the same family; misses marked."""
-    head = ["family", "mode", "threads", "variant", "step ms", "step x (min-max)", "fastest x", "x eager",
-            "fwd ms", "fwd x (min-max)", "peak MiB", "mem x", "misses"]
-    body = []
-    for r in result["rows"]:
-        step, ratio, mode_ratio = r.get("step_ms"), r.get("step_ratio"), r.get("mode_ratio")
-        body.append([r["family"], r["mode"], str(r["threads"]), r["label"],
-                     "-" if step is None else f"{step['median']:.1f}", _cell(ratio),
-                     "-" if ratio is None else f"{ratio['fastest']:.2f}",
-                     "-" if mode_ratio is None else f"{mode_ratio['fastest']:.2f}",
-                     f"{r['forward_ms']['median']:.1f}" if "forward_ms" in r else "-", _cell(r.get("forward_ratio")),
-                     f"{r['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in r else "-",
-                     f"{r['peak_ratio']:.2f}" if "peak_ratio" in r else "-", ", ".join(r["misses"]) or "-"])
-    lines = _render(head, body, markdown)
-    reasons = [f"- {r['family']} {r['mode']} {r['threads']} thread(s) {r['label']}: {r['reason']}"
-               for r in result["rows"] if r.get("reason")]
-    if reasons:
-        lines += ["", "Where the difference goes (torch.profiler, self CPU time or memory, vs the bare network):",
-                  *reasons]
-    lines.append(_footer(result) + " Fastest x: ratio of the fastest repetitions; x eager: the same variant's "
-                 "eager float32 step (fastest repetitions).")
-    return "\n".join(lines)
-
-
-def format_modes(result: dict[str, Any], markdown: bool = False) -> str:
-    """The modes side by side: one line per family, thread count and variant; per mode the training step's
-    ratio to the bare network in that mode (fastest repetitions) and, past eager, its ratio to its own eager
-    float32 step."""
-    modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
-    cells: dict[tuple, dict[str, dict]] = {}
-    for r in result["rows"]:
-        if "step_ratio" in r:
-            cells.setdefault((r["family"], r["threads"], r["label"]), {})[r["mode"]] = r
-    head = ["family", "threads", "variant"]
-    for m in modes:
-        head += [f"{m} ms", f"{m} x bare"] + ([] if m == "eager" else [f"{m} x eager"])
-    body = []
-    for (family, threads, label), by_mode in cells.items():
-        line = [family, str(threads), label]
-        for m in modes:
-            r = by_mode.get(m)
-            line += ["-", "-"] if r is None else [f"{r['step_ms']['min']:.1f}", f"{r['step_ratio']['fastest']:.2f}"]
-            if m != "eager":
-                line.append("-" if r is None or r.get("mode_ratio") is None else f"{r['mode_ratio']['fastest']:.2f}")
-        body.append(line)
-    note = _footer(result) + " Training step, fastest repetition (ms) and ratios of the fastest repetitions."
-    return "\n".join([*_render(head, body, markdown), note])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
