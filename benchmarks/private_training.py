@@ -200,8 +200,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         from fixup.train import TrainConfig, fit
 
-        config = TrainConfig.from_dict(config_for(spec["arch"], spec["route"], spec["epsilon"], spec["seed"], spec["lr"],
-                                                  spec["opts"]))
+        config = TrainConfig.from_dict(config_for(spec["arch"], spec["route"], spec["epsilon"], spec["seed"],
+                                                  spec["lr"], spec["opts"]))
         task = None
         if spec.get("val_fraction"):  # the rate search: train on the training part, evaluate on the validation part
             from fixup.data import load_images, split_validation
@@ -383,8 +383,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256, help="expected examples per step (Poisson: 1437 // steps)")
     p.add_argument("--lrs", nargs="+", type=float, default=[0.1, 0.2, 0.5, 1.0],
-                   help="SGD peak rates of the weights (cosine to 0) searched per (architecture, epsilon, route) on the "
-                        "validation split, extended beyond a best rate at the edge (default 0.1 0.2 0.5 1)")
+                   help="SGD peak rates of the weights (cosine to 0) searched per (architecture, epsilon, route) on "
+                        "the validation split, extended beyond a best rate at the edge (default 0.1 0.2 0.5 1)")
     p.add_argument("--lr", type=float, default=None, help="one rate for every route: no search")
     p.add_argument("--val-fraction", type=float, default=0.2, help="of the training set, held out for the search")
     p.add_argument("--search-seeds", nargs="+", type=int, default=[0], help="seeds of the search's runs")
