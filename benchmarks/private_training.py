@@ -5,6 +5,9 @@
     # ResNet-20 on 8x8 digits (about an hour on one core): the committed table
     PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
         --json benchmarks/results/private_training_resnet20_search.json
+    # step time only: every route side by side in one process (ratios to GroupNorm)
+    PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 --timing 15 \\
+        --json benchmarks/results/private_step_time_resnet20.json
     # smoke test: WRN-10-1 on 8x8 digits, one epoch, epsilon 8, seed 0, rate 0.5
     PYTHONPATH=src python benchmarks/private_training.py --quick
 
@@ -247,6 +250,52 @@ def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
     return rows
 
 
+# -- step time, side by side -----------------------------------------------------------------------------------------
+def time_steps(arch: str, routes: list[str], steps: int, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Milliseconds per private optimiser step of each route, measured side by side in one process: the models built
+    as training builds them, each made private by fixup.private.make_private (Opacus: per-example gradients,
+    clipping, noise), then stepped in turn, route after route, ``steps`` rounds on one fixed batch of the training
+    run's expected size; the first two rounds are warm-up. Interleaving exposes every route to the same load, so the
+    ratios hold on a busy machine where the training runs' own step times do not."""
+    import warnings
+
+    from fixup import param_groups
+    from fixup.private import make_private
+    from fixup.train import TrainConfig
+    from fixup.train.image_task import ImageClassification
+
+    torch.manual_seed(0)
+    state = {}
+    for route in routes:
+        config = TrainConfig.from_dict(config_for(arch, route, 8.0, 0, 0.1, {**opts, "device": "cpu"}))
+        task = ImageClassification(config)
+        x = task.first_batch()
+        y = torch.randint(0, task.data.num_classes, (x.shape[0],))
+        model = task.build_model(config)
+        optimizer = torch.optim.SGD(param_groups(model, 0.1), momentum=0.9)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=x.shape[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, optimizer, _, _, _ = make_private(model, optimizer, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                                     example=x[:2], poisson_sampling=False)
+        state[route] = (model.train(), optimizer, x, y, [])
+    for round_ in range(steps + 2):
+        for model, optimizer, x, y, times in state.values():
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the hooks' warning on inputs without gradients
+                nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            if round_ >= 2:
+                times.append(time.perf_counter() - started)
+    ref = statistics.median(state["groupnorm"][4]) if "groupnorm" in state else None
+    return [{"arch": arch, "route": route, "batch": int(x.shape[0]), "steps": steps,
+             "ms_per_step": 1000 * statistics.median(times),
+             "ratio_to_groupnorm": statistics.median(times) / ref if ref else None}
+            for route, (_, _, x, _, times) in state.items()]
+
+
 # -- the rate, chosen on a validation split ---------------------------------------------------------------------------
 EXTEND = 2.0  # a best rate at the edge of those searched: search this many times beyond it ...
 MAX_EXTENSIONS = 2  # ... at most this many times each way
@@ -397,6 +446,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--quick", action="store_true", help="smoke test: wrn10-1 on 8x8 digits, 1 epoch, epsilon 8, "
                                                         "seed 0, batch 512")
+    p.add_argument("--timing", type=int, default=0, metavar="N",
+                   help="only measure step time: N interleaved private steps of each route per architecture, side by "
+                        "side in one process (ratios to the GroupNorm route); no training")
     p.add_argument("--json", default=None, metavar="PATH", help="write the settings, every run and the table")
     args = p.parse_args()
     if args.quick:
@@ -404,6 +456,19 @@ def main() -> None:
         args.image_size, args.channels, args.batch_size, args.lr = 0, 0, 512, 0.5
     opts = {k: getattr(args, k) for k in ("image_size", "channels", "batch_size", "epochs", "momentum", "delta",
                                           "max_grad_norm", "device")}
+    if args.timing:
+        torch.set_num_threads(args.threads)
+        timed = [row for a in args.archs for row in time_steps(a, [r for r in args.routes if not (
+            a not in _OURS and r == "nf_resnet")], args.timing, opts)]
+        for row in timed:
+            ratio = f", {row['ratio_to_groupnorm']:.2f}x GroupNorm's" if row["ratio_to_groupnorm"] else ""
+            print(f"{row['arch']} {row['route']}: {row['ms_per_step']:.0f} ms per private step (batch {row['batch']}, "
+                  f"median of {row['steps']}){ratio}")
+        if args.json:
+            command = "python benchmarks/private_training.py " + " ".join(sys.argv[1:])
+            Path(args.json).write_text(json.dumps({"command": command, "threads": args.threads, "torch":
+                                                   torch.__version__, "timing": timed}, indent=1) + "\n")
+        return
     base = [{"arch": a, "route": r, "epsilon": e, "opts": opts, "threads": args.threads}
             for a in args.archs for e in args.epsilons for r in args.routes]
     start = time.time()
