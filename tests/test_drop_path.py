@@ -246,3 +246,18 @@ def test_per_example_gradients_stay_exact_under_opacus(one_thread, monkeypatch, 
     model = fixup.create_model("resnet_cifar", depth=14, drop_path=0.9, **method_kw)
     check_per_example_gradients(model, *_image_batch(8), "hooks")
     assert any(0 < k < 1 for k in kept)  # a batch with branches both dropped and kept
+
+
+def test_activation_checkpointing_replays_the_masks(one_thread) -> None:
+    # The recompute during backward must draw the masks the forward drew (torch.utils.checkpoint restores the RNG).
+    from fixup.perf.checkpointing import enable_checkpointing
+
+    model = perturbed(_model("cifar", "skipinit", drop_path=0.9)).double().train()
+    checkpointed = enable_checkpointing(copy.deepcopy(model), 2)
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for m in (model, checkpointed):
+        torch.manual_seed(0)
+        m(x).square().sum().backward()
+    for (name, a), b in zip(model.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-8 * float(a.grad.abs().max()) + 1e-300,
+                                   msg=lambda m, name=name: f"{name}: {m}")
