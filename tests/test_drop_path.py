@@ -93,7 +93,7 @@ def test_a_rate_outside_zero_to_one_is_refused_naming_it(bad: float) -> None:
 def test_a_dropped_branch_leaves_the_block_its_shortcut(monkeypatch, one_thread, family: str, method: str,
                                                          lean: bool) -> None:
     model = set_lean(perturbed(_model(family, method, drop_path=0.5)).double().train(), lean)
-    monkeypatch.setattr(DropPath, "factor", lambda self, x: x.new_zeros((x.shape[0],) + (1,) * (x.dim() - 1)))
+    monkeypatch.setattr(DropPath, "mask", lambda self, x: x.new_zeros((x.shape[0],) + (1,) * (x.dim() - 1)))
     dropping = [b for b in _blocks(model) if isinstance(b.drop_path, DropPath)]
     assert dropping
     for block in dropping:
@@ -108,11 +108,11 @@ def test_a_dropped_branch_leaves_the_block_its_shortcut(monkeypatch, one_thread,
 
 
 def test_drop_path_preserves_the_expectation() -> None:
-    # The factor is 0 with probability p and 1/(1-p) otherwise: mean 1, variance p/(1-p). Over n draws its mean is
-    # within 5 standard deviations, 5 sqrt(p / ((1-p) n)), of 1 (odds of a miss below 1e-6).
+    # Each example's factor is 0 with probability p and 1/(1-p) otherwise: mean 1, variance p/(1-p). Over n examples
+    # the mean is within 5 standard deviations, 5 sqrt(p / ((1-p) n)), of 1 (odds of a miss below 1e-6).
     p, n = 0.3, 200_000
     torch.manual_seed(0)
-    factor = DropPath(p).train().factor(torch.empty(n, 1))
+    factor = DropPath(p).train()(torch.ones(n, 1))
     assert factor.unique().tolist() == pytest.approx([0.0, 1 / (1 - p)])
     assert abs(float(factor.mean()) - 1) < 5 * math.sqrt(p / ((1 - p) * n))
 
@@ -234,13 +234,13 @@ def test_per_example_gradients_stay_exact_under_opacus(one_thread, monkeypatch, 
     pytest.importorskip("opacus", reason="opacus is not installed (the dp extra brings it)")
     kept: list[float] = []  # the fraction of examples each call kept
 
-    def factor(self: DropPath, x: torch.Tensor) -> torch.Tensor:
+    def mask(self: DropPath, x: torch.Tensor) -> torch.Tensor:
         flat = x.detach().flatten(1)
         keep = (flat[:, 0] > flat[:, 1]).to(x.dtype)
         kept.append(float(keep.mean()))
-        return (keep / (1 - self.p)).view(-1, *([1] * (x.dim() - 1)))
+        return keep.view(-1, *([1] * (x.dim() - 1)))
 
-    monkeypatch.setattr(DropPath, "factor", factor)
+    monkeypatch.setattr(DropPath, "mask", mask)
     torch.manual_seed(0)
     method_kw = {"norm": "fixup"} if method == "fixup" else {"init": method}
     model = fixup.create_model("resnet_cifar", depth=14, drop_path=0.9, **method_kw)

@@ -62,20 +62,21 @@ class DropPath(nn.Module):
         """Whether a forward now may drop: in training, at ``p > 0``."""
         return self.training and self.p > 0.0
 
-    def factor(self, x: Tensor) -> Tensor:
-        """The per-example multiplier for a batch ``x`` (B, ...): 0 for a dropped branch, ``1 / (1 - p)`` for a kept
-        one, shape (B, 1, ..., 1), in ``x``'s dtype, not requiring gradients."""
-        keep = 1.0 - self.p
-        mask = torch.empty((x.shape[0],) + (1,) * (x.dim() - 1), dtype=x.dtype, device=x.device).bernoulli_(keep)
-        return mask.div_(keep)
+    def mask(self, x: Tensor) -> Tensor:
+        """Which examples of a batch ``x`` (B, ...) keep their branch: 1 (kept, probability ``1 - p``) or 0, shape
+        (B, 1, ..., 1), in ``x``'s dtype, not requiring gradients."""
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        return torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - self.p)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * self.factor(x) if self.active else x
+        # The mask (0 or 1) is exact in any dtype; dividing by the Python float 1 - p rounds each entry once, where a
+        # factor 1 / (1 - p) held in bfloat16 would be off by up to 2^-9 for every example alike.
+        return x * self.mask(x) / (1.0 - self.p) if self.active else x
 
     def forward_(self, x: Tensor) -> Tensor:
         """:meth:`forward` in place on ``x``, a fresh tensor that no backward keeps (a lean block's branch output);
-        its backward keeps the (B, 1, ..., 1) multiplier only."""
-        return x.mul_(self.factor(x)) if self.active else x
+        its backward keeps the (B, 1, ..., 1) mask only."""
+        return x.mul_(self.mask(x)).div_(1.0 - self.p) if self.active else x
 
 
 def maybe_drop_path(p: float) -> nn.Module:
