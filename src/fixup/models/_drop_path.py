@@ -24,7 +24,7 @@ __all__ = ["DropPath", "check_rate", "drop_path_rates", "make_head_dropout", "ma
 
 
 def check_rate(name: str, rate: float) -> float:
-    """``rate`` as a float after checking that it is a probability in [0, 1); the error names ``name``'s fix."""
+    """``rate`` as a float after checking that it is a probability in [0, 1); the error names the option and range."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0.0 <= rate < 1.0 and math.isfinite(rate)):
         raise ValueError(f"{name} must be a probability in [0, 1) (0 = off), got {rate!r}")
     return float(rate)
