@@ -129,6 +129,10 @@ class Method:
     # NF-ResNet and SkipInit authors' code exempts them (param_groups' "gains_biases" group).
     decay_gains: bool = True
     draw: str = "standard"  # how a gated method draws its weights (GATE_DRAWS)
+    # The stochastic depth rate of its authors' recipe (the last of N blocks drops with drop_path (N - 1) / N:
+    # fixup.models.drop_path_rates): 0.1 in De & Smith's SkipInit and Brock et al.'s NF-ResNet code. Off unless a run
+    # asks for it (fixup train --drop-path -1), so that no committed result changes (fixup.train.recipe).
+    drop_path: float = 0.0
     summary: str = ""  # the line its initialisation report opens with, in its paper's words (the gated methods)
 
     def __post_init__(self) -> None:
@@ -142,6 +146,8 @@ class Method:
             raise ValueError(f"agc_exempt must be one of {AGC_RULES}, got {self.agc_exempt!r}")
         if self.draw not in GATE_DRAWS:
             raise ValueError(f"draw must be one of {GATE_DRAWS}, got {self.draw!r}")
+        if not 0.0 <= self.drop_path < 1.0:
+            raise ValueError(f"drop_path must be a probability in [0, 1), got {self.drop_path!r}")
         if self.nf and self.norm != "none":
             raise ValueError(f"an NF-ResNet method has no normalisation (norm='none'), got norm={self.norm!r}")
         if self.gate and self.norm != "none":
@@ -219,7 +225,7 @@ _ALL: tuple[Method, ...] = (
     Method("none", "skipinit", "SkipInit (De & Smith 2020): no normalisation, each branch times a scalar gain that "
            "starts at 0, no depth scaling; weights truncated normal with std 1/sqrt(fan_in), the classifier at 0 "
            "(the authors' code)", stem_mode="fan_in", gate=True, initialiser="gates", draw="truncated_fan_in",
-           decay_gains=False, adapt="gate",
+           decay_gains=False, adapt="gate", drop_path=0.1,
            summary=f"{_SKIPINIT}; the authors' draw (truncated normal from the fan-in, classifier at 0)"),
     Method("none", "skipinit_he", "SkipInit on the He baseline's draw (fan-out) with PyTorch's default classifier "
            "(variant; the same network as rezero)", stem_mode="fan_in", gate=True, initialiser="gates",
@@ -233,10 +239,11 @@ _ALL: tuple[Method, ...] = (
            "g * F(h / beta) with beta the analytic std of h, alpha 0.2 and a skip gain g that starts at 0, no "
            "normalisation; AGC on every parameter but the classifier, gains and biases undecayed (the authors' code)",
            initialiser="nf_resnet", nf=True, gate=True, family="resnet", clip="agc", agc_exempt="classifier",
-           decay_gains=False),
+           decay_gains=False, drop_path=0.1),
     Method("none", "nf_resnet_nozero", "NF-ResNet without the zero-started skip gain: the block h + alpha * "
            "F(h / beta) as the paper analyses it (variant); otherwise nf_resnet's recipe",
-           initialiser="nf_resnet", nf=True, family="resnet", clip="agc", agc_exempt="classifier", decay_gains=False),
+           initialiser="nf_resnet", nf=True, family="resnet", clip="agc", agc_exempt="classifier", decay_gains=False,
+           drop_path=0.1),
     Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
            "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
            initialiser="t_fixup", family="transformer", warmup=False),

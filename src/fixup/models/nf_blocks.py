@@ -12,7 +12,8 @@ An NF block is a pre-activation block without normalisation, every convolution w
 shortcut projects the unit-variance ``a``, which resets the stream's variance to 1 + alpha^2
 (:func:`assign_betas`). alpha = 0.2, the paper's choice. With ``method.gate`` (``nf_resnet``) the branch is also
 multiplied by a learnable skip gain that starts at 0, as in the authors' released models (their ``skip_gain``);
-``nf_resnet_nozero`` leaves it out, the block as the paper analyses it.
+``nf_resnet_nozero`` leaves it out, the block as the paper analyses it. With ``drop_path`` > 0 the branch is dropped
+per example in training before the gain (stochastic depth, as their ``StochDepth``: :mod:`fixup.models._drop_path`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..branch import Branch
 from ..method import METHODS, Method
 from ..nn import Gate, ScaledReLU, ScaledStdConv2d, residual_add
 from ._common import branch_multiplier
+from ._drop_path import maybe_drop_path
 
 __all__ = ["NF_ALPHA", "NFBasicBlock", "NFBottleneck", "assign_betas", "expected_stds"]
 
@@ -37,13 +39,14 @@ class _NFBlock(nn.Module):
 
     kind = "nf"
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int, method: Method) -> None:
+    def __init__(self, in_ch: int, out_ch: int, stride: int, method: Method, drop_path: float = 0.0) -> None:
         super().__init__()
         self.block_name = type(self).__name__
         self.alpha = NF_ALPHA
         self.beta = 1.0  # the expected std of the block's input; the model sets it (assign_betas)
         self.act = ScaledReLU()
         self.scale = branch_multiplier(method)  # the zero-started skip gain (nf_resnet), or an identity
+        self.drop_path = maybe_drop_path(drop_path)  # stochastic depth on the branch, per example (the authors')
         self.projection: ScaledStdConv2d | None = None
         if (stride, in_ch) != (1, out_ch):
             self.projection = ScaledStdConv2d(in_ch, out_ch, 1, stride)
@@ -66,7 +69,7 @@ class _NFBlock(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         a = self.act(h / self.beta)
         shortcut = h if self.projection is None else self.projection(a)
-        out = self.scale(self._branch(a)) * self.alpha
+        out = self.scale(self.drop_path(self._branch(a))) * self.alpha
         return residual_add(shortcut, out, self.block_name)
 
 
@@ -76,8 +79,8 @@ class NFBasicBlock(_NFBlock):
     kind = "nf-basic"
 
     def __init__(self, in_ch: int, out_ch: int, stride: int = 1, method: Method = METHODS["nf_resnet"],
-                 dropout: float = 0.0) -> None:
-        super().__init__(in_ch, out_ch, stride, method)
+                 dropout: float = 0.0, *, drop_path: float = 0.0) -> None:
+        super().__init__(in_ch, out_ch, stride, method, drop_path)
         self.conv1 = ScaledStdConv2d(in_ch, out_ch, 3, stride, 1)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # the Wide-ResNet's, between the two
         self.conv2 = ScaledStdConv2d(out_ch, out_ch, 3, 1, 1)
@@ -95,8 +98,9 @@ class NFBottleneck(_NFBlock):
     kind = "nf-bottleneck"
     expansion = 4
 
-    def __init__(self, in_ch: int, planes: int, stride: int = 1, method: Method = METHODS["nf_resnet"]) -> None:
-        super().__init__(in_ch, planes * self.expansion, stride, method)
+    def __init__(self, in_ch: int, planes: int, stride: int = 1, method: Method = METHODS["nf_resnet"], *,
+                 drop_path: float = 0.0) -> None:
+        super().__init__(in_ch, planes * self.expansion, stride, method, drop_path)
         self.conv1 = ScaledStdConv2d(in_ch, planes, 1)
         self.conv2 = ScaledStdConv2d(planes, planes, 3, stride, 1)
         self.conv3 = ScaledStdConv2d(planes, planes * self.expansion, 1)

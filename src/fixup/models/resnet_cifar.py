@@ -21,6 +21,7 @@ from ..nn import Bias, InplaceReLU, Scale, ScaledReLU, ScaledStdConv2d, check_re
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import conv_output_shape, lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
+from ._drop_path import DropPath, drop_path_rates, make_head_dropout, maybe_drop_path
 from ._registry import register_model
 from .nf_blocks import NFBasicBlock, assign_betas
 
@@ -49,12 +50,13 @@ class BasicBlock(nn.Module):
     the method has none). An identity shortcut carries ``x`` unchanged; a subsampling or projection
     shortcut takes ``x + b1a`` (as the authors' reference code). Normalised forms put the norm after
     each convolution; ``norm="none"`` is the bare network. The method's ``output_scale`` multiplies
-    ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline). The ImageNet ResNet-18/34 use this block with
-    shortcut "B" (torchvision's BasicBlock).
+    ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline). With ``drop_path`` > 0 each example's ``F(x)`` is dropped
+    with that probability in training (:class:`~fixup.models.DropPath`). The ImageNet ResNet-18/34 use this block
+    with shortcut "B" (torchvision's BasicBlock).
     """
 
     def __init__(self, in_ch: int, out_ch: int, stride: int = 1, method: Method = METHODS["fixup"],
-                 shortcut: str = "A", *, norm_groups: int = 16) -> None:
+                 shortcut: str = "A", *, norm_groups: int = 16, drop_path: float = 0.0) -> None:
         super().__init__()
         norm, biases = method.norm, method.fixup and method.biases
         self.block_name = "BasicBlock"
@@ -67,6 +69,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=False)
         self.norm2 = make_norm(norm, out_ch, norm_groups)
         self.relu = InplaceReLU()
+        self.drop_path = maybe_drop_path(drop_path)  # stochastic depth on F(x), per example
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         if stride == 1 and in_ch == out_ch:
@@ -111,28 +114,38 @@ class BasicBlock(nn.Module):
         if type(self.norm1) is not nn.Identity or type(self.norm2) is not nn.Identity:
             return False
         inner = (self.conv1, self.conv2, self.bias1a, self.bias1b, self.bias2a, self.bias2b, self.scale, self.relu,
-                 self.shortcut, *self.shortcut.modules())
+                 self.drop_path, self.shortcut, *self.shortcut.modules())
         return (plain_conv(self.conv1) and plain_conv(self.conv2) and self._linear_shortcut()
-                and not observed(*inner))
+                and type(self.drop_path) in (nn.Identity, DropPath) and not observed(*inner))
 
     def _shortcut_response(self, b1a: Tensor) -> Tensor:
         """``shortcut(x + b1a) - shortcut(x)``: the linear shortcut's response to a constant image, (1, C_out, 1, 1)."""
         return self.shortcut(b1a.reshape(1, 1, 1, 1).expand(1, self.conv1.in_channels, 1, 1))
 
     def lean_forward(self, x: Tensor) -> Tensor:
-        """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`."""
+        """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`.
+
+        Under stochastic depth in training the shortcut's response to ``b1a`` joins after the branch is dropped
+        (it belongs to the shortcut), and the drop multiplies conv2's fresh output in place.
+        """
         b1a, b1b, b2a, b2b, s = self._scalars()
+        dropping = isinstance(self.drop_path, DropPath) and self.drop_path.active
         out = lean_conv2d(x, self.conv1, shift=b1a, bias=b1b).relu_()
-        post = b2b
+        post, response = b2b, None
         if b1a is not None and not isinstance(self.shortcut, nn.Identity):
             # shortcut(x + b1a) = shortcut(x) + shortcut(b1a): the shortcut is linear, so its response to the
             # scalar is a per-channel constant, added with the branch's last bias.
             response = self._shortcut_response(b1a)
-            post = response if post is None else response + post
+            if not dropping:
+                post = response if post is None else response + post
         shortcut = self.shortcut(x)
         # Check the residual shapes before the shortcut's response joins conv2's output.
         check_residual_shapes(shortcut, conv_output_shape(self.conv2, out.shape), self.block_name)
         out = lean_conv2d(out, self.conv2, shift=b2a, scale=s, bias=post)
+        if dropping:
+            out = self.drop_path.forward_(out)
+            if response is not None:
+                out = out.add_(response.to(out.dtype))
         return lean_residual_(out, shortcut, self.block_name, self.output_scale, relu=True)
 
     @torch.no_grad()
@@ -159,7 +172,7 @@ class BasicBlock(nn.Module):
             return self.lean_forward(x)
         shifted = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
-        out = self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out)))))
+        out = self.drop_path(self.bias2b(self.scale(self.norm2(self.conv2(self.bias2a(out))))))
         # An identity shortcut carries x itself; a subsampling or projection shortcut sees x + b1a.
         shortcut = x if isinstance(self.shortcut, nn.Identity) else self.shortcut(shifted)
         out = residual_add(shortcut, out, self.block_name)
@@ -197,13 +210,19 @@ def _nearest(depth: object, step: int, offset: int, minimum: int) -> str:
 
 
 class CifarResNet(StemHeadFolding, nn.Module):
-    """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally)."""
+    """ResNet-(6n+2) for 32x32 images (any input size works: the head pools globally).
+
+    ``drop_path``: stochastic depth, block i of the 3n dropping its branch with ``drop_path * i / (3n)``
+    (:func:`~fixup.models.drop_path_rates`); ``head_dropout``: dropout on the pooled features before the classifier.
+    Both 0 (off) by default; neither changes the parameters or their initialisation.
+    """
 
     def __init__(self, depth: int = 20, num_classes: int = 10, in_channels: int = 3, width: int = 16,
                  shortcut: str | None = None, method: Method | str = "fixup",
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, drop_path: float = 0.0, head_dropout: float = 0.0) -> None:
         super().__init__()
         n = check_cifar_depth(depth)
+        rates = iter(drop_path_rates(drop_path, 3 * n))
         self.method = method = check_method(method, _NORMS, "the CIFAR ResNet", "resnet")
         self.depth, self.norm = depth, method.norm
         norm, nf = method.norm, method.nf
@@ -216,9 +235,10 @@ class CifarResNet(StemHeadFolding, nn.Module):
         self.relu = nn.Identity() if nf else InplaceReLU()
         stages, in_ch = [], width
         for i, out_ch in enumerate((width, 2 * width, 4 * width)):
-            blocks = [NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method) if nf
+            blocks = [NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method,
+                                   drop_path=next(rates)) if nf
                       else BasicBlock(in_ch if j == 0 else out_ch, out_ch, 2 if (i > 0 and j == 0) else 1, method,
-                                      shortcut)
+                                      shortcut, drop_path=next(rates))
                       for j in range(n)]
             stages.append(nn.Sequential(*blocks))
             in_ch = out_ch
@@ -228,6 +248,7 @@ class CifarResNet(StemHeadFolding, nn.Module):
         self.head_act = ScaledReLU() if nf else nn.Identity()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias2 = scalar(Bias, fixup_biases)
+        self.head_dropout = make_head_dropout(head_dropout)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
         self.init_report = initialise_(self, method, generator=generator)
@@ -241,7 +262,7 @@ class CifarResNet(StemHeadFolding, nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = torch.flatten(self.pool(self.head_act(self.forward_features(x))), 1)
-        return self.fc(self.bias2(x))
+        return self.fc(self.head_dropout(self.bias2(x)))
 
 
 @register_model

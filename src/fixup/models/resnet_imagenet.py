@@ -40,6 +40,7 @@ from ..nn import Bias, InplaceReLU, Scale, ScaledReLU, ScaledStdConv2d, residual
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import StemHeadFolding, branch_multiplier, check_method, make_norm, name_blocks, scalar
+from ._drop_path import DropPath, drop_path_rates, make_head_dropout, maybe_drop_path
 from ._registry import register_model
 from .nf_blocks import NFBasicBlock, NFBottleneck, assign_betas
 from .resnet_cifar import BasicBlock
@@ -62,13 +63,14 @@ class Bottleneck(nn.Module):
     """1x1 reduce, 3x3 (with the stride), 1x1 expand (x4); ``relu(shortcut(x) + F(x))``.
 
     The method decides the scalars (``b3b``, after the last layer, is the stream bias) and the output
-    scale on ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline).
+    scale on ``shortcut(x) + F(x)`` (the 1/sqrt(2) baseline). With ``drop_path`` > 0 each example's ``F(x)`` is
+    dropped with that probability in training (:class:`~fixup.models.DropPath`).
     """
 
     expansion = 4
 
     def __init__(self, in_ch: int, planes: int, stride: int = 1, method: Method = METHODS["fixup"], *,
-                 norm_groups: int = GN_GROUPS) -> None:
+                 norm_groups: int = GN_GROUPS, drop_path: float = 0.0) -> None:
         super().__init__()
         norm, biases = method.norm, method.fixup and method.biases
         out_ch = planes * self.expansion
@@ -85,6 +87,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(planes, out_ch, 1, bias=False)
         self.norm3 = make_norm(norm, out_ch, norm_groups)
         self.relu = InplaceReLU()
+        self.drop_path = maybe_drop_path(drop_path)  # stochastic depth on F(x), per example
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection: nn.Conv2d | None = None
         self.shortcut: nn.Module = nn.Identity()
@@ -125,7 +128,8 @@ class Bottleneck(nn.Module):
             return False
         convs = (self.conv1, self.conv2, self.conv3)
         return (all(plain_conv(c) for c in convs) and self._plain_shortcut()
-                and not observed(*convs, *self._scalar_modules(), self.relu, *self.shortcut.modules()))
+                and type(self.drop_path) in (nn.Identity, DropPath)
+                and not observed(*convs, *self._scalar_modules(), self.relu, self.drop_path, *self.shortcut.modules()))
 
     def _shortcut_response(self, b1a: Tensor) -> Tensor:
         """``projection(x + b1a) - projection(x)``, per output channel: ``b1a * W.sum((1, 2, 3))`` (1x1, no padding)."""
@@ -135,16 +139,23 @@ class Bottleneck(nn.Module):
         """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`.
 
         conv1 and conv3 are 1x1 without padding, so their biases before and after ride in the convolution's
-        per-channel bias; only conv2's (3x3, zero-padded) shift adds a map.
+        per-channel bias; only conv2's (3x3, zero-padded) shift adds a map. Under stochastic depth in training the
+        projection's response to ``b1a`` joins after the branch is dropped (it belongs to the shortcut).
         """
         b1a, b1b, b2a, b2b, b3a, b3b, s = self._scalars()
+        dropping = isinstance(self.drop_path, DropPath) and self.drop_path.active
         out = lean_conv2d(x, self.conv1, shift=b1a, bias=b1b).relu_()
         out = lean_conv2d(out, self.conv2, shift=b2a, bias=b2b).relu_()
-        post = b3b
+        post, response = b3b, None
         if b1a is not None and self.projection is not None:
             response = self._shortcut_response(b1a)
-            post = response if post is None else response + post
+            if not dropping:
+                post = response if post is None else response + post
         out = lean_conv2d(out, self.conv3, shift=b3a, scale=s, bias=post)
+        if dropping:
+            out = self.drop_path.forward_(out)
+            if response is not None:
+                out = out.add_(response.reshape(1, -1, 1, 1).to(out.dtype))
         shortcut = x if self.projection is None else self.projection(x)
         return lean_residual_(out, shortcut, self.block_name, self.output_scale, relu=True)
 
@@ -172,7 +183,7 @@ class Bottleneck(nn.Module):
         shifted = self.bias1a(x)
         out = self.relu(self.bias1b(self.norm1(self.conv1(shifted))))
         out = self.relu(self.bias2b(self.norm2(self.conv2(self.bias2a(out)))))
-        out = self.bias3b(self.scale(self.norm3(self.conv3(self.bias3a(out)))))
+        out = self.drop_path(self.bias3b(self.scale(self.norm3(self.conv3(self.bias3a(out))))))
         # An identity shortcut carries x itself; a projection shortcut sees x + b1a (reference code).
         shortcut = x if isinstance(self.shortcut, nn.Identity) else self.shortcut(shifted)
         out = residual_add(shortcut, out, self.block_name)
@@ -182,17 +193,23 @@ class Bottleneck(nn.Module):
 
 
 class ImageNetResNet(StemHeadFolding, nn.Module):
-    """ResNet with ``block`` ("basic" or "bottleneck") and ``layers`` blocks per stage; ``width`` planes first."""
+    """ResNet with ``block`` ("basic" or "bottleneck") and ``layers`` blocks per stage; ``width`` planes first.
+
+    ``drop_path``: stochastic depth, block i of all N dropping its branch with ``drop_path * i / N``
+    (:func:`~fixup.models.drop_path_rates`); ``head_dropout``: dropout on the pooled features before the classifier.
+    Both 0 (off) by default; neither changes the parameters or their initialisation.
+    """
 
     def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3), num_classes: int = 1000,
                  in_channels: int = 3, width: int = 64, method: Method | str = "fixup", norm_groups: int = GN_GROUPS,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, drop_path: float = 0.0, head_dropout: float = 0.0) -> None:
         super().__init__()
         if block not in ("basic", "bottleneck"):
             raise ValueError(f"block must be 'basic' (ResNet-18/34) or 'bottleneck' (ResNet-50/101/152), got {block!r}")
         if len(layers) != 4 or any(not isinstance(n, int) or n < 1 for n in layers):
             raise ValueError(f"layers must be four positive block counts, one per stage, got {layers!r}")
         self.method = method = check_method(method, _NORMS, "the ImageNet ResNet", "resnet")
+        rates = iter(drop_path_rates(drop_path, sum(layers)))
         self.block, self.layers, self.norm = block, tuple(layers), method.norm
         norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
         expansion = Bottleneck.expansion if block == "bottleneck" else 1
@@ -208,12 +225,13 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
             blocks: list[nn.Module] = []
             for j in range(n):
                 s = stride if j == 0 else 1
+                p = next(rates)
                 if block == "bottleneck":
-                    blocks.append(NFBottleneck(in_ch, planes, s, method) if nf
-                                  else Bottleneck(in_ch, planes, s, method, norm_groups=norm_groups))
+                    blocks.append(NFBottleneck(in_ch, planes, s, method, drop_path=p) if nf
+                                  else Bottleneck(in_ch, planes, s, method, norm_groups=norm_groups, drop_path=p))
                 else:
-                    blocks.append(NFBasicBlock(in_ch, planes, s, method) if nf
-                                  else BasicBlock(in_ch, planes, s, method, "B", norm_groups=norm_groups))
+                    blocks.append(NFBasicBlock(in_ch, planes, s, method, drop_path=p) if nf
+                                  else BasicBlock(in_ch, planes, s, method, "B", norm_groups=norm_groups, drop_path=p))
                 in_ch = planes * expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
@@ -222,6 +240,7 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
         self.head_act = ScaledReLU() if nf else nn.Identity()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias2 = scalar(Bias, fixup_biases)
+        self.head_dropout = make_head_dropout(head_dropout)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
         self.init_report = initialise_(self, method, generator=generator)
@@ -234,7 +253,8 @@ class ImageNetResNet(StemHeadFolding, nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc(self.bias2(torch.flatten(self.pool(self.head_act(self.forward_features(x))), 1)))
+        pooled = torch.flatten(self.pool(self.head_act(self.forward_features(x))), 1)
+        return self.fc(self.head_dropout(self.bias2(pooled)))
 
 
 @register_model

@@ -38,6 +38,7 @@ from ..nn import Bias, Scale, ScaledReLU, ScaledStdConv2d, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_conv2d, lean_residual_, observed, plain_conv, scalar_value
 from ._common import branch_multiplier, check_method, make_norm, name_blocks, scalar
+from ._drop_path import DropPath, drop_path_rates, make_head_dropout, maybe_drop_path
 from ._registry import register_model
 from .nf_blocks import NFBasicBlock, assign_betas
 
@@ -50,11 +51,12 @@ class WideBlock(nn.Module):
     """A pre-activation basic block: ``y = shortcut + conv2(dropout(relu(norm2(conv1(relu(norm1(x)))))))``.
 
     The method decides the scalars (``b2b``, after the last layer, is the stream bias) and the output
-    scale on ``shortcut + F(x)`` (the 1/sqrt(2) baseline).
+    scale on ``shortcut + F(x)`` (the 1/sqrt(2) baseline). With ``drop_path`` > 0 each example's ``F(x)`` is
+    dropped with that probability in training (:class:`~fixup.models.DropPath`).
     """
 
     def __init__(self, in_ch: int, out_ch: int, stride: int = 1, method: Method = METHODS["fixup"],
-                 dropout: float = 0.0, *, norm_groups: int = 16) -> None:
+                 dropout: float = 0.0, *, norm_groups: int = 16, drop_path: float = 0.0) -> None:
         super().__init__()
         norm, biases = method.norm, method.fixup and method.biases
         self.block_name = "WideBlock"
@@ -70,6 +72,7 @@ class WideBlock(nn.Module):
         self.scale = branch_multiplier(method)
         self.bias2b = scalar(Bias, method.has_stream_bias)
         self.relu = nn.ReLU()  # not in place: x itself is the identity shortcut
+        self.drop_path = maybe_drop_path(drop_path)  # stochastic depth on F(x), per example
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
         self.projection = nn.Conv2d(in_ch, out_ch, 1, stride, bias=False) if (stride, in_ch) != (1, out_ch) else None
 
@@ -98,7 +101,8 @@ class WideBlock(nn.Module):
             return False
         convs = (self.conv1, self.conv2) + (() if self.projection is None else (self.projection,))
         return (all(plain_conv(c) for c in convs) and type(self.dropout) in (nn.Identity, nn.Dropout)
-                and not observed(*convs, *self._scalar_modules(), self.relu, self.dropout))
+                and type(self.drop_path) in (nn.Identity, DropPath)
+                and not observed(*convs, *self._scalar_modules(), self.relu, self.dropout, self.drop_path))
 
     def lean_forward(self, x: Tensor) -> Tensor:
         """The forward keeping no tensor for the scalars (:mod:`fixup.perf.ops`); call where :meth:`lean_ready`.
@@ -117,6 +121,8 @@ class WideBlock(nn.Module):
             h = F.dropout(h if b2a is None else h + b2a.to(h.dtype), p, True)
             b2a = None
         out = lean_conv2d(h, self.conv2, shift=b2a, scale=s, bias=b2b)
+        if isinstance(self.drop_path, DropPath):  # stochastic depth: in place on conv2's fresh output
+            out = self.drop_path.forward_(out)
         shortcut = x if self.projection is None else self.projection(a)
         return lean_residual_(out, shortcut, self.block_name, self.output_scale)
 
@@ -157,7 +163,7 @@ class WideBlock(nn.Module):
             return self.lean_forward(x)
         a = self.relu(self.bias1a(self.norm1(x)))
         out = self.relu(self.bias1b(self.norm2(self.conv1(a))))
-        out = self.bias2b(self.scale(self.conv2(self.dropout(self.bias2a(out)))))
+        out = self.drop_path(self.bias2b(self.scale(self.conv2(self.dropout(self.bias2a(out))))))
         shortcut = x if self.projection is None else self.projection(a)
         out = residual_add(shortcut, out, self.block_name)
         if self.output_scale != 1.0:  # the 1/sqrt(2) baseline: (x + F(x)) / sqrt(2)
@@ -178,11 +184,17 @@ def check_wrn_depth(depth: int) -> int:
 
 
 class WideResNet(nn.Module):
-    """WRN-depth-width for 32x32 images (any size works: the head pools globally)."""
+    """WRN-depth-width for 32x32 images (any size works: the head pools globally).
+
+    ``dropout``: between each branch's convolutions (the WRN paper's); ``drop_path``: stochastic depth, block i of
+    the 3n dropping its branch with ``drop_path * i / (3n)`` (:func:`~fixup.models.drop_path_rates`);
+    ``head_dropout``: dropout on the pooled features before the classifier. All 0 (off) by default; none changes
+    the parameters or their initialisation.
+    """
 
     def __init__(self, depth: int = 16, width: int = 1, num_classes: int = 10, in_channels: int = 3,
                  dropout: float = 0.0, method: Method | str = "fixup", norm_groups: int = 16,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, drop_path: float = 0.0, head_dropout: float = 0.0) -> None:
         super().__init__()
         n = check_wrn_depth(depth)
         if not isinstance(width, int) or width < 1:
@@ -190,6 +202,7 @@ class WideResNet(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         self.method = method = check_method(method, _NORMS, "the Wide-ResNet", "resnet")
+        rates = iter(drop_path_rates(drop_path, 3 * n))
         self.depth, self.width, self.norm = depth, width, method.norm
         norm, fixup_biases, nf = method.norm, method.fixup and method.biases, method.nf
         self.conv1 = (ScaledStdConv2d if nf else nn.Conv2d)(in_channels, 16, 3, 1, 1, bias=False)
@@ -197,9 +210,10 @@ class WideResNet(nn.Module):
         for i, out_ch in enumerate((16 * width, 32 * width, 64 * width)):
             stride = 1 if i == 0 else 2
             stages.append(nn.Sequential(*[
-                NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout) if nf
+                NFBasicBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout,
+                             drop_path=next(rates)) if nf
                 else WideBlock(in_ch if j == 0 else out_ch, out_ch, stride if j == 0 else 1, method, dropout,
-                               norm_groups=norm_groups)
+                               norm_groups=norm_groups, drop_path=next(rates))
                 for j in range(n)]))
             in_ch = out_ch
         self.layer1, self.layer2, self.layer3 = stages
@@ -211,6 +225,7 @@ class WideResNet(nn.Module):
         self.relu = ScaledReLU() if nf else nn.ReLU()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.bias_fc = scalar(Bias, fixup_biases)
+        self.head_dropout = make_head_dropout(head_dropout)
         self.fc = nn.Linear(in_ch, num_classes)
         name_blocks(self)
         self.init_report = initialise_(self, method, generator=generator)
@@ -245,7 +260,7 @@ class WideResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bias_final(self.norm_final(self.forward_features(x))))
-        return self.fc(self.bias_fc(torch.flatten(self.pool(x), 1)))
+        return self.fc(self.head_dropout(self.bias_fc(torch.flatten(self.pool(x), 1))))
 
 
 @register_model

@@ -125,6 +125,12 @@ class ImageOptions:
     hflip: str = "auto"  # random horizontal flips: on | off | auto (on for CIFAR and folders)
     cutout: int = 0  # side of the Cutout square in pixels, 0 = off (DeVries & Taylor 2017 use 16 on CIFAR-10)
     mixup_alpha: float = 0.0  # Mixup's Beta(alpha, alpha), 0 = off (Fixup paper, section 4.2: 0.7 for Fixup)
+    # Stochastic depth and the dropout before the classifier, the ResNets' (SkipInit's authors train with both;
+    # docs/methods.md). Block i of N drops its residual branch per example with drop_path * i / N
+    # (fixup.models.drop_path_rates); -1 takes the method's recipe (Method.drop_path: 0.1 for skipinit and the
+    # NF-ResNets, else 0), resolved by fixup.train.recipe. Both off by default: the committed results train without.
+    drop_path: float = 0.0  # stochastic depth: block i of N drops with drop_path*i/N (-1 = the method's, 0 = off)
+    head_dropout: float = 0.0  # dropout on the pooled features before the classifier (ResNets), 0 = off
     num_workers: int = 0  # DataLoader worker processes decoding image folders (in-memory sets need none)
 
 
@@ -286,6 +292,15 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
                              f"{self.scalar_weight_decay}")
         if self.dropout >= 1:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.drop_path != -1 and not 0.0 <= self.drop_path < 1.0:
+            raise ValueError(f"drop_path must lie in [0, 1) (the last of N blocks drops with drop_path (N - 1) / N), "
+                             f"or be -1 for the method's recipe (skipinit: 0.1); got {self.drop_path}")
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ValueError(f"head_dropout must lie in [0, 1), got {self.head_dropout}")
+        if self.adapt and (self.drop_path or self.head_dropout):
+            raise ValueError(f"drop_path={self.drop_path:g} and head_dropout={self.head_dropout:g} are built into the "
+                             f"library's ResNets, not into --adapt {self.adapt}'s model; set both to 0, or train a "
+                             "registered ResNet (--model resnet_cifar)")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
         if self.image_size < 0:

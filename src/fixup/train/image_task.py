@@ -55,16 +55,20 @@ class ImageClassification:
 
         kwargs: dict[str, Any] = {"norm": config.norm, "num_classes": self.data.num_classes,
                                   "in_channels": self.data.in_channels}
-        for name in ("depth", "width", "dropout"):
+        for name in ("depth", "width", "dropout", "drop_path", "head_dropout"):
             if getattr(config, name):
                 kwargs[name] = getattr(config, name)
+        if kwargs.get("drop_path") == -1:  # a config the engine's recipe has not resolved: the method's rate
+            kwargs["drop_path"] = config_method(config).drop_path
+            if not kwargs["drop_path"]:
+                del kwargs["drop_path"]
         if config.init:
             kwargs["init"] = config.init
         try:
             return create_model(config.model, **kwargs)
         except TypeError as err:
             raise ValueError(f"model {config.model!r} does not take one of the options {sorted(kwargs)} ({err}); "
-                             "leave depth/width/dropout at 0 for models without them") from err
+                             "leave depth/width/dropout/drop_path/head_dropout at 0 for models without them") from err
 
     def _adapted_model(self, config: TrainConfig) -> nn.Module:
         """The user's model from ``config.adapt`` (``module:factory``; the factory may take ``num_classes`` and

@@ -1,10 +1,13 @@
 """A method's own training recipe, applied by the engine where the config leaves the choice to the method.
 
 A :class:`fixup.Method` row may prescribe part of how it is trained: ``Method.clip`` (NF-ResNets: adaptive
-gradient clipping, Brock et al. 2021b, section 4.1) and ``Method.warmup`` (T-Fixup trains without warm-up,
-Huang et al. 2020, section 3). :func:`apply_recipe` turns a config into the one the engine runs: ``clip="auto"``
+gradient clipping, Brock et al. 2021b, section 4.1), ``Method.warmup`` (T-Fixup trains without warm-up,
+Huang et al. 2020, section 3) and ``Method.drop_path`` (the stochastic depth rate of SkipInit's and the NF-ResNets'
+authors' code, 0.1). :func:`apply_recipe` turns a config into the one the engine runs: ``clip="auto"``
 (the default) becomes the method's clipping, or the engine's global-norm clipping where the method prescribes
 none; an explicit ``clip`` wins. Under ``dp`` the per-example clipping of private training replaces them all.
+``drop_path=-1`` becomes the method's rate; the default, 0, stays off for every method, so that a run trains as
+the committed results did unless it asks for the method's stochastic depth.
 The :class:`Recipe` says what was applied and why; the run log (run.json) and the result (``TrainResult.recipe``)
 carry it. :func:`recipe_defaults` gives a recipe's starting values (the translation recipes) what the method
 changes in them, so that only options given explicitly override the method.
@@ -32,6 +35,8 @@ class Recipe:
     warmup_steps: int  # the warm-up the run has
     warmup_from: str  # "method" (its recipe has none) or "explicit" (the config's warmup_steps)
     notes: tuple[str, ...]  # one sentence per choice: what was applied and why
+    drop_path: float = 0.0  # the stochastic depth rate the run trains with (fixup.models.drop_path_rates)
+    drop_path_from: str = "default"  # "method" (drop_path -1: its recipe), "explicit", or "default" (off)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "notes": list(self.notes)}
@@ -71,8 +76,24 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, Recipe]:
         warm_from, warm_note = "method", f"no warm-up: {name}'s recipe" + (
             f" (the inverse square-root decay from the first step, period {config.decay_period})"
             if config.schedule == "inverse_sqrt" else "")
-    recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note))
-    return config.replace(clip=clip), recipe
+    drop_path, drop_from, drop_notes = _drop_path(config, method)
+    recipe = Recipe(name, clip, clip_from, config.warmup_steps, warm_from, (clip_note, warm_note, *drop_notes),
+                    drop_path, drop_from)
+    return config.replace(clip=clip, drop_path=drop_path), recipe
+
+
+def _drop_path(config: TrainConfig, method: Method) -> tuple[float, str, tuple[str, ...]]:
+    """The stochastic depth rate the run trains with, where it comes from, and a note where it is on."""
+    if config.drop_path == -1:
+        rate = method.drop_path
+        note = (f"drop_path={rate:g}: {method.name}'s recipe (drop_path -1), its authors' rate; block i of N drops its "
+                f"branch with {rate:g} i / N" if rate else
+                f"drop_path=0: {method.name}'s recipe has no stochastic depth (drop_path -1)")
+        return rate, "method", (note,)
+    if config.drop_path:
+        return config.drop_path, "explicit", (f"drop_path={config.drop_path:g}: set explicitly; block i of N drops its "
+                                              f"branch with {config.drop_path:g} i / N",)
+    return 0.0, "default", ()
 
 
 def recipe_defaults(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
