@@ -78,7 +78,8 @@ def _data_reads(rec: Recording) -> list[str]:
 
 
 def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: list[tuple[str, Branch]]) -> None:
-    """Run the adapted model on the example input: every branch's last layer must output exactly zero (rule 1)."""
+    """Run the adapted model on the example input: every branch's last layer (of each path) must output exactly zero
+    (rule 1)."""
     nonzero: list[str] = []
 
     def check(name: str) -> Any:
@@ -88,10 +89,8 @@ def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: l
                 nonzero.append(name)
         return hook
 
-    hooks = []
-    for name, b in branches:
-        last = b.layers[-1]
-        hooks.append((last.module if isinstance(last, WeightSlice) else last).register_forward_hook(check(name)))
+    hooks = [(last.module if isinstance(last, WeightSlice) else last).register_forward_hook(check(name))
+             for name, b in branches for last in b.zeroed]
     try:
         with torch.no_grad():
             model(*args)
