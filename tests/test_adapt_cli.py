@@ -84,4 +84,7 @@ def test_method_and_trunk_errors_name_what_works(factory: Path, capsys: pytest.C
     assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--trunk", "he"]) == 2
     assert "trunk must be one of ('lsuv', 'fan_in', 'none'), got 'he'" in capsys.readouterr().err
     assert main(["inspect", "resnet20", "--method", "rezero", "--trunk", "none"]) == 2
-    assert "--method and --trunk apply to a model adapted with --adapt" in capsys.readouterr().err
+    assert "--method 'rezero' and --trunk 'none' apply only to a model adapted with --adapt" in capsys.readouterr().err
+    # Checked before the factory runs: its model is never built.
+    assert main(["inspect", "--adapt", "no_such_module:build", "--method", "rezer"]) == 2
+    assert "--method: fixup.adapt applies the methods" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..method import ADAPT_METHODS
+from ._options import check_options
 from ._trunk import TRUNK_RULES
 
 __all__ = ["add_arguments", "check_arguments", "example_inputs", "load_factory", "run"]
@@ -88,11 +89,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """The options of this mode given without ``--adapt``: a ValueError (they would be ignored)."""
-    given = [f"--{name.replace('_', '-')}" for name in ("method", "trunk") if getattr(args, name, None) is not None]
+    """The options of this mode, before any model is built: ``--method`` and ``--trunk`` must name what adapt
+    applies, and need ``--adapt`` (a ValueError, not an option ignored)."""
+    given = {f"--{name}": value for name in ("method", "trunk") if (value := getattr(args, name, None)) is not None}
     if given and not args.adapt:
-        raise ValueError(f"{' and '.join(given)} apply to a model adapted with --adapt module:factory; a registered "
-                         "model takes its method from --norm/--init (e.g. fixup inspect resnet_cifar --init rezero)")
+        raise ValueError(f"{' and '.join(f'{k} {v!r}' for k, v in given.items())} "
+                         f"{'applies' if len(given) == 1 else 'apply'} only to a model adapted with --adapt "
+                         "module:factory; a registered model takes its method from --norm/--init (e.g. fixup inspect "
+                         "resnet_cifar --init rezero)")
+    try:
+        check_options(args.method or "fixup", args.trunk or "lsuv", False, None, {})
+    except ValueError as err:
+        flag = "--trunk" if str(err).startswith("trunk") else "--method"
+        raise ValueError(f"{flag}: {err}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
