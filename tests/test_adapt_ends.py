@@ -177,3 +177,31 @@ def test_the_gated_methods_put_one_gate_after_the_ends(build, method: str) -> No
     assert set(changes.values()) == {0.0} and len(changes) == report.num_branches
     for _, branch in find_branches(model):  # the gate, not the weights, starts the branch at zero
         assert isinstance(branch.scale, fixup.Gate) and all(layer.weight.any() for layer in branch.zeroed)
+
+
+class DeclaredSplit(nn.Module):
+    """A block written for the library: it declares its split last layer itself (``Branch.ends``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2a, self.fc2b = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+        self.scale = fixup.nn.Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        return x + self.scale(torch.cat([self.fc2a(h), self.fc2b(h)], dim=-1))
+
+    def residual_branches(self) -> list[fixup.Branch]:
+        return [fixup.Branch([self.fc1, self.fc2a, self.fc2b], kind="split", m=2, scale=self.scale, ends=2)]
+
+
+def test_the_protocol_declares_several_ends_and_the_report_round_trips() -> None:
+    model = nn.Sequential(DeclaredSplit(), DeclaredSplit(), DeclaredSplit(), DeclaredSplit())
+    report = fixup.fixup_init_(model, expect_biases=False)
+    assert [(b.m, b.factor, b.zeroed.name, [z.name for z in b.also_zeroed]) for b in report.branches][0] == \
+        (2, pytest.approx(4 ** -0.5), "0.fc2a", ["0.fc2b"])
+    assert all(not m.fc2a.weight.any() and not m.fc2b.weight.any() and m.fc1.weight.any() for m in model)
+    assert "zeroed fc2a, fc2b" in report.format()
+    assert type(report).from_dict(report.to_dict()) == report
+    with pytest.raises(ValueError, match=r"ends=4 must be a whole number from 1 to the branch's 3 layers"):
+        fixup.Branch([nn.Linear(2, 2)] * 3, ends=4)

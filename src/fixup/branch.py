@@ -1,7 +1,8 @@
 """The branch protocol: how a model tells ``fixup_init_`` where its residual branches are.
 
 A residual block computes ``y = shortcut(x) + F(x)``. The block itself declares ``F``: the weight
-layers on F's path in execution order (the last one is zeroed by rule 1), the scalar biases and the
+layers on F's path in execution order (the last one is zeroed by rule 1; where F ends in several parallel
+paths, concatenated or summed, the last of each: ``Branch.ends``), the scalar biases and the
 multiplier it carries (rule 3) and, where it has one, its shortcut projection (He-initialised, never
 depth-scaled). A model declares its classifier. Nothing is found by matching parameter names.
 
