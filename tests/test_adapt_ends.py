@@ -198,8 +198,8 @@ class DeclaredSplit(nn.Module):
 def test_the_protocol_declares_several_ends_and_the_report_round_trips() -> None:
     model = nn.Sequential(DeclaredSplit(), DeclaredSplit(), DeclaredSplit(), DeclaredSplit())
     report = fixup.fixup_init_(model, expect_biases=False)
-    assert [(b.m, b.factor, b.zeroed.name, [z.name for z in b.also_zeroed]) for b in report.branches][0] == \
-        (2, pytest.approx(4 ** -0.5), "0.fc2a", ["0.fc2b"])
+    assert [(b.m, b.factor, b.zeroed.name, [z.name for z in b.also_zeroed]) for b in report.branches] == \
+        [(2, pytest.approx(4 ** -0.5), f"{i}.fc2a", [f"{i}.fc2b"]) for i in range(4)]
     assert all(not m.fc2a.weight.any() and not m.fc2b.weight.any() and m.fc1.weight.any() for m in model)
     assert "zeroed fc2a, fc2b" in report.format()
     assert type(report).from_dict(report.to_dict()) == report

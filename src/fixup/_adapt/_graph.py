@@ -4,14 +4,18 @@ A residual sum is an add whose two operands are paths from a common ancestor, th
 node both depend on). The side that passes through weight layers is the branch F; the other side is
 the shortcut: the fork itself (identity), a parameter-free path (subsampling, padding, pooling) or
 exactly one weight layer (a projection). When both sides pass through weight layers, the side with
-one weight layer is the projection and the other the branch; anything else cannot be attributed.
+one weight layer is the projection and the other the branch, and so is a side of fewer layers in series with
+no nonlinearity (a depthwise + pointwise projection); anything else cannot be attributed, unless the add lies
+inside another sum's branch, where it joins two of that branch's paths.
 
 Inside the branch, the *data path* is every node the branch's output depends on, except the gate
 input of a product with a sigmoid (squeeze-excite): the weight layers on the data path, in execution
 order, are the branch's layers and m is their number (an ``nn.MultiheadAttention`` counts four:
 Q, K, V and the output projection); weight layers that only feed a gate are reported as gate layers,
 He-initialised and not depth-scaled. After the last weight layer only pass-through operations
-(normalisation, dropout, reshapes, a gate) may follow, so that zeroing it zeroes the branch.
+(normalisation, dropout, reshapes, a gate) may follow, so that zeroing it zeroes the branch; where the branch
+ends in a concatenation or a sum of several weight paths, after the last layer of each path (its *ends*, all
+zeroed, :mod:`fixup._adapt._ends`), and m counts the path with the most layers.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class Residual:
     block: str                       # module path in whose forward the sum is computed ("" for the root)
     fork: fx.Node
     branch_out: fx.Node              # the add's operand that is F
-    layers: list[fx.Node]            # weight units on F's data path, execution order
+    layers: list[fx.Node]            # weight units on F's data path, execution order (its ends last, in order)
     data: set[fx.Node]               # F's data path
     gates: list[fx.Node] = field(default_factory=list)
     projection: fx.Node | None = None
