@@ -149,7 +149,7 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
             exists with the same name and shape; the report lists what was loaded and dropped (see
             :func:`load_original`, which does the same on an adapted model later).
         generator: the random draws.
-        mode, init_options: the initialiser's options (``INIT_OPTIONS``): ``mode`` (the He fan of the branch layers
+        mode, init_options: the initialiser's options: ``mode`` (the He fan of the branch layers
             and shortcuts, ``"fan_out"`` when not given), ``base`` (e.g. ``"xavier"``), ``stem_mode`` (the fan of the
             layers outside the branches, drawn from their fan-in by default) and, for Fixup only, ``depth_scaling``,
             ``rescale``, ``expect_biases``, ``expect_scale`` (see :func:`fixup.fixup_init_`). Each applies under
