@@ -28,7 +28,8 @@ class Entry:
     family: str
     build: Callable[[], nn.Module]
     example: Callable[[], torch.Tensor]
-    branches: dict[str, tuple[int, int]]  # branch kind -> (number of branches of that kind, m of each)
+    # branch kind -> (number of branches of that kind, m of each, or each one's m in order where they differ)
+    branches: dict[str, tuple[int, int | tuple[int, ...]]]
     needs: str | None = None            # a package that must import
 
     @property
@@ -68,6 +69,9 @@ TIMM_TINY: dict[str, dict[str, object]] = {
     "mobilenetv3_small_050": {},
     "convnext_atto": {"depths": (1, 1, 2, 1), "dims": (8, 16, 24, 32)},
     "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 32, "num_heads": 4},
+    # GhostNet-1.0 as registered (its builder fixes the width), without the head's functional dropout (0.2 by
+    # default: F.dropout, which no module switches off, would make two forward passes in train mode differ).
+    "ghostnet_100": {"drop_rate": 0.0},
 }
 
 
@@ -157,6 +161,14 @@ ZOO: dict[str, Entry] = {
     # 2 blocks: fused qkv (three layers) and proj; fc1 and fc2.
     "vit_tiny_patch16_224 (timm VisionTransformer, fused qkv)": Entry(
         "timm", "ViT", _timm("vit_tiny_patch16_224"), _image(), _TRANSFORMER, "timm"),
+    # 16 GhostBottlenecks: ghost1 (a primary 1x1 conv, a cheap 3x3 depthwise conv on its output, concatenated),
+    # at stride 2 a depthwise conv, SE in some (its convolutions gate), ghost2 the same as ghost1: each branch ends
+    # in the concatenation of ghost2's two convolutions, both zeroed; m is the longest path, primary1 -> cheap1 ->
+    # (dw) -> primary2 -> cheap2: 4, or 5 at stride 2 (blocks 1.0, 3.0, 5.0, 7.0). A first block of a stage that
+    # changes width has a depthwise + pointwise projection shortcut (two layers, no nonlinearity between).
+    "ghostnet_100 (timm GhostNet, concatenated ends)": Entry(
+        "timm", "GhostNet", _timm("ghostnet_100"), _image(),
+        {"conv": (16, (4, 5, 4, 5, 4, 5, 4, 4, 4, 4, 4, 5, 4, 4, 4, 4))}, "timm"),
     "resnet18 (torchvision ResNet)": Entry(
         "torchvision (architecture)", "ResNet", lambda: ResNet(BasicBlock, [2, 2, 2, 2], width=16), _image(),
         {"conv": (8, 2)}),

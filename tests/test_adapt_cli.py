@@ -65,3 +65,26 @@ def test_errors_say_what_to_give(factory: Path, capsys: pytest.CaptureFixture[st
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
     assert main(["inspect"]) == 2
     assert "registered model name" in capsys.readouterr().err
+
+
+def test_method_and_trunk_are_adapt_s(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = factory.parent / "report.json"
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--method", "rezero",
+                 "--trunk", "fan_in", "--json", str(out)]) == 0
+    assert "user_models:build adapted to rezero (trunk fan_in)" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert (saved["method"], saved["trunk"]) == ("rezero", "fan_in")
+    assert saved["report"]["method"] == "rezero" and saved["report"]["trunk_rule"] == "fan_in"
+    assert all(b["gate"] for b in saved["report"]["branches"])
+
+
+def test_method_and_trunk_errors_name_what_works(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--method", "nf_resnet"]) == 2
+    assert "create_model('resnet50', method='nf_resnet')" in capsys.readouterr().err
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--trunk", "he"]) == 2
+    assert "trunk must be one of ('lsuv', 'fan_in', 'none'), got 'he'" in capsys.readouterr().err
+    assert main(["inspect", "resnet20", "--method", "rezero", "--trunk", "none"]) == 2
+    assert "--method 'rezero' and --trunk 'none' apply only to a model adapted with --adapt" in capsys.readouterr().err
+    # Checked before the factory runs: its model is never built.
+    assert main(["inspect", "--adapt", "no_such_module:build", "--method", "rezer"]) == 2
+    assert "--method: fixup.adapt applies the methods" in capsys.readouterr().err

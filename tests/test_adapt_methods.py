@@ -150,3 +150,74 @@ def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str,
             fixup.adapt(entry.build(), x, method=other)
     out = model(*as_inputs(x))
     assert all(torch.isfinite(t).all() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t))
+
+
+# --- every option of adapt under every method: it applies, or it is refused naming the option and the fix ---
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), _Block(), _Block(), torch.nn.Linear(16, 3))
+
+
+# option -> (value, how the report shows that it applied)
+_OPTIONS = {
+    "mode": ("fan_in", lambda r: r.fan_mode == "fan_in"),
+    "base": ("xavier", lambda r: r.base_init == "xavier"),
+    "stem_mode": ("fan_out", lambda r: r.stem_fan_mode == "fan_out"),
+    "depth_scaling": (False, lambda r: not r.depth_scaling and all(b.factor == 1.0 for b in r.branches)),
+    "rescale": (0.5, lambda r: r.rescale == 0.5 and r.branches[0].factor == pytest.approx(0.5 * 2 ** -0.5)),
+    "expect_biases": (False, lambda r: True),  # it only silences a warning the adapted model never needs
+    "expect_scale": (False, lambda r: True),
+}
+# (method, option) -> the words its refusal must hold; every pair not listed applies.
+_REFUSED = {
+    **{("skipinit", o): ("truncated at 2 std", "method='rezero'") for o in ("mode", "base", "stem_mode")},
+    **{(m, o): ("scales no weight by depth", "method='fixup'") for m in ("skipinit", "rezero")
+       for o in ("depth_scaling", "rescale")},
+    **{(m, o): ("a gate, not Fixup's scalars", "method='fixup'") for m in ("skipinit", "rezero")
+       for o in ("expect_biases", "expect_scale")},
+}
+
+
+@pytest.mark.parametrize("option", list(_OPTIONS))
+@pytest.mark.parametrize("method", fixup.ADAPT_METHODS)
+def test_each_option_applies_under_the_method_or_is_refused_naming_it(method: str, option: str) -> None:
+    value, shows = _OPTIONS[option]
+    words = _REFUSED.get((method, option))
+    if words is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fixup.FixupWarning)
+            _model, report = fixup.adapt(_mlp(), torch.randn(2, 4), method=method, **{option: value})
+        assert report.method.startswith(method) and shows(report)
+        return
+    with pytest.raises(ValueError) as err:
+        fixup.adapt(_mlp(), torch.randn(2, 4), method=method, **{option: value})
+    text = str(err.value)
+    assert text.startswith(f"{option}= sets ") and f"method={method!r}" in text
+    assert all(w in text for w in words), text
+
+
+class _Raises(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model ran before its options were checked")
+
+
+@pytest.mark.parametrize("method", fixup.ADAPT_METHODS)
+def test_options_are_checked_before_the_model_runs(method: str) -> None:
+    """Unknown options, and ones no method of adapt takes, are ValueErrors naming them, whatever the method."""
+    with pytest.raises(ValueError, match=r"no option 'stem_mod' \(did you mean 'stem_mode'\?\)"):
+        fixup.adapt(_Raises(), torch.randn(2, 4), method=method, stem_mod="fan_in")
+    with pytest.raises(ValueError, match=r"stream_bias= does not apply to fixup.adapt: .*fixup.param_groups"):
+        fixup.adapt(_Raises(), torch.randn(2, 4), method=method, stream_bias="paper")
+    with pytest.raises(ValueError, match=r"mode must be one of \('fan_in', 'fan_out'\), got 'fanin'"):
+        fixup.adapt(_Raises(), torch.randn(2, 4), method=method, mode="fanin")
+    with pytest.raises(ValueError, match=r"trunk must be one of"):
+        fixup.adapt(_Raises(), torch.randn(2, 4), method=method, trunk="he")

@@ -131,7 +131,9 @@ INSPECT = [["inspect", *c] for c in [
     ["resnet_cifar", "--depth", "x"], ["resnet_cifar", "--depth", str(10**15)], ["wide_resnet", "--width", "0"],
     ["resnet20", "--num-classes", "0"], ["resnet20", "--num-classes", "-1"], ["resnet20", "--json", DIR],
     ["resnet20", "--json", UNDER_FILE], ["--adapt", "nocolon"], ["--adapt", "nosuchmodule_xyz:f"],
-    ["--adapt", "missing.py:f"], ["--adapt", "os:getcwd"],
+    ["--adapt", "missing.py:f"], ["--adapt", "os:getcwd"], ["--adapt", "os:getcwd", "--method", "nosuch"],
+    ["--adapt", "os:getcwd", "--method", "nf_resnet"], ["--adapt", "os:getcwd", "--trunk", "nosuch"],
+    ["resnet20", "--method", "rezero"], ["resnet20", "--trunk", "none"],
 ]] + [["list", "a", "b"], ["nosuch"], [], ["--nosuch"]]
 
 CASES = TRAIN + TRANSLATE + STUDIES + BENCH + LAB + INSPECT

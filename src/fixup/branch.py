@@ -1,7 +1,8 @@
 """The branch protocol: how a model tells ``fixup_init_`` where its residual branches are.
 
 A residual block computes ``y = shortcut(x) + F(x)``. The block itself declares ``F``: the weight
-layers on F's path in execution order (the last one is zeroed by rule 1), the scalar biases and the
+layers on F's path in execution order (the last one is zeroed by rule 1; where F ends in several parallel
+paths, concatenated or summed, the last of each: ``Branch.ends``), the scalar biases and the
 multiplier it carries (rule 3) and, where it has one, its shortcut projection (He-initialised, never
 depth-scaled). A model declares its classifier. Nothing is found by matching parameter names.
 
@@ -101,12 +102,18 @@ class Branch:
 
     Attributes:
         layers: the weight layers on F's path, in execution order: modules with a ``weight``, or
-            :class:`WeightSlice` for a part of a fused parameter. The last one is zeroed; the others
-            are He-initialised and multiplied by ``L ** (-1 / (2m - 2))``.
+            :class:`WeightSlice` for a part of a fused parameter. The last ``ends`` are zeroed; the
+            others are He-initialised and multiplied by ``L ** (-1 / (2m - 2))``.
         kind: a short name of the branch type ("basic", "bottleneck", "attention", "ffn", ...).
         m: the number of weight layers that multiply along the path. Defaults to ``len(layers)``;
             set it where parallel layers multiply, e.g. attention: queries, keys and values times
-            the output projection count as m = 4 although they are four layers side by side.
+            the output projection count as m = 4 although they are four layers side by side; and
+            where parallel paths are concatenated or summed, which do not multiply: m is then the
+            most layers on one path (GhostNet's ghost module, a primary convolution and a cheap one on
+            its output, concatenated, counts 2, as the two in series).
+        ends: how many layers, at the end of ``layers``, rule 1 zeroes: 1 where the branch ends in one
+            weight layer; the last layer of each path where it ends in a concatenation or a sum of
+            several weight paths (those layers last in ``layers``, in execution order).
         biases: the scalar biases (rule 3) placed inside the branch, before its layers and activations.
         scale: the branch's scalar multiplier (rule 3) or its :class:`~fixup.nn.Gate` (SkipInit, ReZero), if any.
         shortcut: the shortcut's projection layer, if the shortcut is not the identity.
@@ -122,6 +129,23 @@ class Branch:
     scale: Scale | None = None
     shortcut: nn.Module | None = None
     stream_bias: Bias | None = None
+    ends: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.ends) != self.ends or self.ends < 1 or (self.layers and self.ends > len(self.layers)):
+            raise ValueError(f"ends={self.ends!r} must be a whole number from 1 to the branch's {len(self.layers)} "
+                             "layers: how many of its last layers rule 1 zeroes (1 unless the branch ends in "
+                             "several parallel weight layers)")
+
+    @property
+    def zeroed(self) -> list[nn.Module | WeightSlice]:
+        """The layers rule 1 zeroes: the last layer of each path that ends the branch."""
+        return list(self.layers[-self.ends:]) if self.layers else []
+
+    @property
+    def inner(self) -> list[nn.Module | WeightSlice]:
+        """The layers before them, which rule 2 scales."""
+        return list(self.layers[:-self.ends])
 
     @property
     def depth(self) -> int:

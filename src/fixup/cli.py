@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from ._checks import check_numbers
 from ._signals import Interrupted, signals_raise
-from .external import add_adapt_arguments
+from .external import add_adapt_arguments, check_adapt_arguments
 
 __all__ = ["main"]
 
@@ -44,6 +44,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from ._io import write_json
     from .models import create_model
 
+    check_adapt_arguments(args)
     if args.adapt:
         from .external import run_adapt
 

@@ -95,8 +95,8 @@ def agc_exempt(model: nn.Module) -> list[Tensor]:
 
     Under the ``"classifier"`` rule (:func:`agc_rule`; the NF-ResNets) they are the declared classifier's
     weights, as in the authors' code. Under ``"zero_started"`` (every other model) they are the tensors Fixup
-    starts at zero or that are single numbers: the weight and bias of the last layer of every declared residual
-    branch (every layer of the branch under ``fixup_zero_branch``), every parameter of the declared classifier,
+    starts at zero or that are single numbers: the weight and bias of the last layer (of each path) of every declared
+    residual branch (every layer of the branch under ``fixup_zero_branch``), every parameter of the declared classifier,
     and every :class:`~fixup.nn.Bias` and :class:`~fixup.nn.Scale` (gates included). That rule is the same
     whatever the model's normalisation, so the BatchNorm and He baselines are clipped alike. A model that
     declares no branches and no classifier has none. Each parameter appears once, in module order.
@@ -108,7 +108,7 @@ def agc_exempt(model: nn.Module) -> list[Tensor]:
     every_layer = isinstance(method, Method) and method.zero_branch
     found: dict[int, Tensor] = {}
     for _, branch in find_branches(target):
-        for layer in (branch.layers if every_layer else branch.layers[-1:]):
+        for layer in (branch.layers if every_layer else branch.zeroed):
             found.update((id(p), p) for p in _layer_params(layer))
     for layer in find_classifier(target):
         found.update((id(p), p) for p in layer.parameters())

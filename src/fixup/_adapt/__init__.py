@@ -31,13 +31,15 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..branch import Branch, WeightSlice, find_branches
-from ..init import fixup_init_, initialise_
-from ..method import ADAPT_METHODS, Method, as_method
+from ..init import fixup_init_
+from ..init.gates import gate_init_
+from ..method import ADAPT_METHODS
 from ..report import InitReport, warn_report
 from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
 from ._graph import AdaptError, Analysis, Residual, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk
+from ._options import Chosen, check_options
 from ._record import Recording, record
 from ._report import AdaptReport, GateAdaptReport, NormChange, ResidualRecord
 from ._rewrite import Rewriter
@@ -46,34 +48,6 @@ from ._weights import WeightsLoaded, load_original, untie_
 
 __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAdaptReport", "NormChange",
            "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
-
-
-def _adapted_method(method: str) -> Method:
-    """The method of :data:`fixup.METHODS` named ``method``, if adapt applies it (``Method.adapt``); else a
-    ValueError saying why not and what does instead."""
-    head = f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}"
-    try:
-        m = as_method(method)
-    except ValueError as err:
-        raise ValueError(f"{head}: {err}") from None
-    if m.adapt:
-        return m
-    if m.nf:
-        why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
-               f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
-               "and ImageNet ResNets); for a model written elsewhere adapt with method='fixup', 'skipinit' or "
-               "'rezero', and clip with fixup.adaptive_clip_grad_ (AGC) if you want NF-ResNets' clipping")
-    elif m.family == "transformer":
-        why = ("it scales each stack of the library's encoder-decoder Transformer by that stack's depth: "
-               f"fixup.create_model('transformer_tiny', method={m.name!r}); for another Transformer adapt with "
-               "method='fixup' or 'rezero'")
-    elif m.fixup:
-        why = (f"adapt applies Fixup's default form; {m.name!r} is for the library's models "
-               f"(fixup.create_model(name, method={m.name!r}))")
-    else:
-        why = ("a baseline needs no adapting: train the model as written (its own normalisation), or build a "
-               f"library model with fixup.create_model(name, method={m.name!r})")
-    raise ValueError(f"{head}: {why}")
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -104,7 +78,8 @@ def _data_reads(rec: Recording) -> list[str]:
 
 
 def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: list[tuple[str, Branch]]) -> None:
-    """Run the adapted model on the example input: every branch's last layer must output exactly zero (rule 1)."""
+    """Run the adapted model on the example input: every branch's last layer (of each path) must output exactly zero
+    (rule 1)."""
     nonzero: list[str] = []
 
     def check(name: str) -> Any:
@@ -114,10 +89,8 @@ def _check_zero_branches(model: nn.Module, args: tuple[Tensor, ...], branches: l
                 nonzero.append(name)
         return hook
 
-    hooks = []
-    for name, b in branches:
-        last = b.layers[-1]
-        hooks.append((last.module if isinstance(last, WeightSlice) else last).register_forward_hook(check(name)))
+    hooks = [(last.module if isinstance(last, WeightSlice) else last).register_forward_hook(check(name))
+             for name, b in branches for last in b.zeroed]
     try:
         with torch.no_grad():
             model(*args)
@@ -148,7 +121,7 @@ def _private_readiness(model: nn.Module, args: tuple[Tensor, ...], apply: bool) 
 
 def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict: bool = True,
           untie_weights: bool = True, state_dict: Mapping[str, Tensor] | None = None,
-          generator: torch.Generator | None = None, mode: str = "fan_out", trunk: str = "lsuv", method: str = "fixup",
+          generator: torch.Generator | None = None, mode: str | None = None, trunk: str = "lsuv", method: str = "fixup",
           gate_biases: bool = False, leaf_modules: tuple[type[nn.Module], ...] = (), private: bool = False,
           **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
@@ -175,9 +148,14 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
         state_dict: the original model's weights to load after the initialisation: every entry that still
             exists with the same name and shape; the report lists what was loaded and dropped (see
             :func:`load_original`, which does the same on an adapted model later).
-        generator, mode, init_options: passed to :func:`fixup.fixup_init_` (the random draws, the fan
-            convention, e.g. ``base="xavier"``, or ``stem_mode="fan_out"`` for the layers outside the
-            branches, drawn from their fan-in by default).
+        generator: the random draws.
+        mode, init_options: the initialiser's options: ``mode`` (the He fan of the branch layers
+            and shortcuts, ``"fan_out"`` when not given), ``base`` (e.g. ``"xavier"``), ``stem_mode`` (the fan of the
+            layers outside the branches, drawn from their fan-in by default) and, for Fixup only, ``depth_scaling``,
+            ``rescale``, ``expect_biases``, ``expect_scale`` (see :func:`fixup.fixup_init_`). Each applies under
+            the method or is a ValueError, before the model runs, naming the option and what would work: the
+            gated ``rezero`` takes ``mode``, ``base`` and ``stem_mode``; ``skipinit`` (its authors' own draw)
+            none of them. An unknown option is a ValueError too.
         trunk: the rule for the weight layers outside the branches that carry the stream (stem, projection
             shortcuts, downsampling layers, blocks without a skip), one of ``TRUNK_RULES``: ``"lsuv"`` (default)
             scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
@@ -196,12 +174,12 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     stream's RMS at each stage's output relative to the input's (``report.stream``), with a warning for a
     stage outside ``SIGNAL_BAND`` (0.5x to 2x) or a trunk layer no rule could set.
     """
-    chosen = _check_options(trunk, method, gate_biases)
-    gated = chosen.adapt == "gate"
+    chosen = check_options(method, trunk, gate_biases, mode, init_options)  # before the model runs
+    gated = chosen.method.adapt == "gate"
     seen = _record_model(model, as_inputs(example_input), strict, leaf_modules)
     source, args = seen.source, seen.args
     rw, pairs, untied = _rewrite(seen, gated=gated, gate_biases=gate_biases, untie_weights=untie_weights)
-    report = _initialise(source, chosen, rw, generator=generator, mode=mode, **init_options)
+    report = _initialise(source, chosen, rw, generator)
     trunk_records = trunk_init_(source, args, trunk)
     blocks = residual_blocks(source)  # none when the root itself computes every residual sum
     signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
@@ -225,24 +203,14 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     return source, result
 
 
-def _check_options(trunk: str, method: str, gate_biases: bool) -> Method:
-    """The method adapt applies, after checking the options that go with it (a ValueError naming the fix)."""
-    if trunk not in TRUNK_RULES:
-        raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
-    chosen = _adapted_method(method)
-    if chosen.adapt != "gate" and gate_biases:
-        raise ValueError("gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
-                         "always has its scalar biases (rule 3): leave gate_biases out for method='fixup'")
-    return chosen
-
-
-def _initialise(source: nn.Module, chosen: Method, rw: Rewriter, *, generator: torch.Generator | None, mode: str,
-                **init_options: Any) -> InitReport:
+def _initialise(source: nn.Module, chosen: Chosen, rw: Rewriter, generator: torch.Generator | None) -> InitReport:
     """Initialise the rewritten copy by the method: Fixup's rule (``fixup_init_``), or the gated method's
     initialiser with every layer scale the rewrite turned into a gate set back to its start."""
-    if chosen.adapt != "gate":
-        return fixup_init_(source, generator=generator, mode=mode, **init_options)
-    report = initialise_(source, chosen, generator=generator, **init_options)
+    if chosen.method.adapt != "gate":
+        return fixup_init_(source, generator=generator, **chosen.init_kwargs)
+    report = gate_init_(source, chosen.method, generator=generator, summary=chosen.method.summary,
+                        **chosen.init_kwargs)
+    warn_report(report)
     for handle in rw.gated_layer_scales:
         handle.reset_parameters()
     return report

@@ -12,7 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["example_inputs", "load_factory", "run"]
+from ..method import ADAPT_METHODS
+from ._options import check_options
+from ._trunk import TRUNK_RULES
+
+__all__ = ["add_arguments", "check_arguments", "example_inputs", "load_factory", "run"]
 
 
 def load_factory(spec: str) -> Any:
@@ -63,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from .._io import write_json
     from . import adapt
 
+    method, trunk = args.method or "fixup", args.trunk or "lsuv"
     made = load_factory(args.adapt)()
     model, example = made if isinstance(made, tuple) else (made, None)
     if not isinstance(model, nn.Module):
@@ -73,13 +78,30 @@ def run(args: argparse.Namespace) -> int:
     if example is None:
         raise ValueError(f"--adapt {args.adapt}: give the example input's shape with --input-shape (e.g. "
                          "--input-shape 2,3,224,224), or let the factory return (model, example_input)")
-    adapted, report = adapt(model, example, strict=not args.lenient)
+    adapted, report = adapt(model, example, strict=not args.lenient, method=method, trunk=trunk)
     params = sum(p.numel() for p in adapted.parameters())
-    print(f"{args.adapt} adapted to Fixup: {params:,} parameters")
+    print(f"{args.adapt} adapted to {'Fixup' if method == 'fixup' else method} (trunk {trunk}): {params:,} parameters")
     print(report.format(max_branches=len(report.branches) if args.verbose else 12))
     if args.json:
-        write_json(args.json, {"adapt": args.adapt, "parameters": params, "report": report.to_dict()})
+        write_json(args.json, {"adapt": args.adapt, "method": method, "trunk": trunk, "parameters": params,
+                               "report": report.to_dict()})
     return 0
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The options of this mode, before any model is built: ``--method`` and ``--trunk`` must name what adapt
+    applies, and need ``--adapt`` (a ValueError, not an option ignored)."""
+    given = {f"--{name}": value for name in ("method", "trunk") if (value := getattr(args, name, None)) is not None}
+    if given and not args.adapt:
+        raise ValueError(f"{' and '.join(f'{k} {v!r}' for k, v in given.items())} "
+                         f"{'applies' if len(given) == 1 else 'apply'} only to a model adapted with --adapt "
+                         "module:factory; a registered model takes its method from --norm/--init (e.g. fixup inspect "
+                         "resnet_cifar --init rezero)")
+    try:
+        check_options(args.method or "fixup", args.trunk or "lsuv", False, None, {})
+    except ValueError as err:
+        flag = "--trunk" if str(err).startswith("trunk") else "--method"
+        raise ValueError(f"{flag}: {err}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,5 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --adapt: the example input's shape, e.g. 2,3,32,32 (repeat for several inputs)")
     p.add_argument("--token-inputs", type=int, default=0, metavar="VOCAB",
                    help="with --adapt: example inputs are token ids below VOCAB instead of normal floats")
+    p.add_argument("--method", default=None, metavar="METHOD",
+                   help="with --adapt: the method adapt applies, one of fixup.ADAPT_METHODS "
+                        f"({', '.join(ADAPT_METHODS)}; default None: fixup)")
+    p.add_argument("--trunk", default=None, metavar="RULE",
+                   help="with --adapt: the rule for the weight layers outside the branches, one of "
+                        f"{', '.join(TRUNK_RULES)} (default None: lsuv; docs/adapt.md, The trunk)")
     p.add_argument("--lenient", action="store_true",
                    help="with --adapt: leave out residual sums it cannot attribute (warnings) instead of failing")

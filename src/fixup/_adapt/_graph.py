@@ -4,14 +4,18 @@ A residual sum is an add whose two operands are paths from a common ancestor, th
 node both depend on). The side that passes through weight layers is the branch F; the other side is
 the shortcut: the fork itself (identity), a parameter-free path (subsampling, padding, pooling) or
 exactly one weight layer (a projection). When both sides pass through weight layers, the side with
-one weight layer is the projection and the other the branch; anything else cannot be attributed.
+one weight layer is the projection and the other the branch, and so is a side of fewer layers in series with
+no nonlinearity (a depthwise + pointwise projection); anything else cannot be attributed, unless the add lies
+inside another sum's branch, where it joins two of that branch's paths.
 
 Inside the branch, the *data path* is every node the branch's output depends on, except the gate
 input of a product with a sigmoid (squeeze-excite): the weight layers on the data path, in execution
 order, are the branch's layers and m is their number (an ``nn.MultiheadAttention`` counts four:
 Q, K, V and the output projection); weight layers that only feed a gate are reported as gate layers,
 He-initialised and not depth-scaled. After the last weight layer only pass-through operations
-(normalisation, dropout, reshapes, a gate) may follow, so that zeroing it zeroes the branch.
+(normalisation, dropout, reshapes, a gate) may follow, so that zeroing it zeroes the branch; where the branch
+ends in a concatenation or a sum of several weight paths, after the last layer of each path (its *ends*, all
+zeroed, :mod:`fixup._adapt._ends`), and m counts the path with the most layers.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import fx, nn
 
 from ..branch import WEIGHT_LAYERS
 from . import _vocab as T
+from ._ends import Ends, find_ends, longest_path
 
 __all__ = ["AdaptError", "Analysis", "Problem", "Residual", "analyse"]
 
@@ -49,12 +54,15 @@ class Residual:
     block: str                       # module path in whose forward the sum is computed ("" for the root)
     fork: fx.Node
     branch_out: fx.Node              # the add's operand that is F
-    layers: list[fx.Node]            # weight units on F's data path, execution order
+    layers: list[fx.Node]            # weight units on F's data path, execution order (its ends last, in order)
     data: set[fx.Node]               # F's data path
     gates: list[fx.Node] = field(default_factory=list)
     projection: fx.Node | None = None
     shortcut_kind: str = "identity"  # "identity", "parameter-free" or "projection"
     layer_scale: fx.Node | None = None  # a parameter multiplying the branch after its last layer
+    ends: Ends | None = None  # where the branch ends: the last weight layer of each path (_ends.py)
+    path: set[fx.Node] = field(default_factory=set)  # the weight layers of its path with the most (m counts them)
+    shortcut_layers: list[fx.Node] = field(default_factory=list)  # a projection of several layers in series
 
 
 @dataclass
@@ -105,6 +113,7 @@ class _Analyser:
         self.graph, self.modules = graph, modules
         self.anc = _Ancestry(graph)
         self.problems: list[Problem] = []
+        self.two_sided: dict[fx.Node, Problem] = {}  # adds of two weight paths: a problem unless inside a branch
         self.notes: list[str] = []
         self.by_scope: dict[str, list[fx.Node]] = {}  # module path -> nodes created inside its forward
         self.inputs = [n for n in self.anc.nodes if n.op == "placeholder"]
@@ -132,15 +141,6 @@ class _Analyser:
         return mod is not None and not T.is_weight_unit(node, self.modules) and not T.is_lookup(node) and \
             not T.is_norm(node, self.modules) and any(p.dim() >= 2 for p in mod.parameters())
 
-    def _gate_operand(self, node: fx.Node) -> bool:
-        """``node`` is, up to reshapes, the output of a sigmoid gate."""
-        while not T.is_gate(node, self.modules):
-            if not T.is_passthrough(node, self.modules) or not node.all_input_nodes or \
-                    T.module_of(node, self.modules) is not None:
-                return False
-            node = node.all_input_nodes[0]
-        return True
-
     def _data_path(self, out: fx.Node, allowed: set[fx.Node]) -> set[fx.Node]:
         seen, stack = set(), [out]
         while stack:
@@ -150,7 +150,7 @@ class _Analyser:
             seen.add(n)
             inputs = T.data_inputs(n)
             if n.target in ("mul", "mul_") or getattr(n.target, "__name__", "") == "mul":
-                gates = [p for p in inputs if self._gate_operand(p)]
+                gates = [p for p in inputs if T.gate_operand(p, self.modules)]
                 if gates and len(gates) < len(inputs):
                     inputs = [p for p in inputs if p not in gates]
             stack.extend(inputs)
@@ -174,15 +174,16 @@ class _Analyser:
                     "weight layer fixup_init_ can count (nn.Linear, nn.Conv1d/2d/3d, nn.MultiheadAttention); "
                     "do not keep it whole (leaf_modules), or make its layers such modules")))
             return None  # no weight layer on either side: nothing for Fixup to count
-        elif counts[b] == 0 or (counts[b] == 1 and counts[a] > 1):
+        elif self._shortcut_side(counts[b], counts[a], sides[b]):
             shortcut, out = b, a
-        elif counts[a] == 0 or (counts[a] == 1 and counts[b] > 1):
+        elif self._shortcut_side(counts[a], counts[b], sides[a]):
             shortcut, out = a, b
-        else:
-            self.problems.append(Problem(add.name, (
+        else:  # a problem, unless the add joins two paths inside another residual branch (analyse decides)
+            self.two_sided[add] = Problem(add.name, (
                 f"both operands of this add pass through weight layers ({counts[a]} and {counts[b]}) from their "
-                f"common input {fork.name!r}, so neither is an identity or one-layer projection shortcut; "
-                "the residual branch cannot be told apart")))
+                f"common input {fork.name!r}, so neither is an identity or projection shortcut (one weight layer, "
+                "or fewer layers than the other side in series with no nonlinearity); the residual branch cannot "
+                "be told apart"))
             return None
         block = _scope(add)
         allowed = sides[out] | self._side_inputs(block, fork, out)
@@ -195,9 +196,11 @@ class _Analyser:
                 "its shortcut operand does, so the add is not a residual sum Fixup can count")))
             return None
         res = Residual(add, block, fork, out, layers, data, gates)
-        sc_units = _units(sides[shortcut], self.modules)
+        sc_units = sorted(_units(sides[shortcut], self.modules), key=self.anc.index.__getitem__)
         if len(sc_units) == 1 and isinstance(T.module_of(sc_units[0], self.modules), WEIGHT_LAYERS):
             res.projection, res.shortcut_kind = sc_units[0], "projection"
+        elif sc_units and self._linear(sides[shortcut]):
+            res.shortcut_kind, res.shortcut_layers = "projection", sc_units  # set as trunk layers (trunk=)
         elif sc_units:
             self.problems.append(Problem(add.name, (
                 f"the shortcut operand {shortcut.name!r} passes through {len(sc_units)} weight units "
@@ -207,46 +210,35 @@ class _Analyser:
             res.shortcut_kind = "parameter-free"
         return res if self._check_tail(res) else None
 
+    def _linear(self, nodes: set[fx.Node]) -> bool:
+        """Weight layers (Linear, Conv) and pass-through operations only: a linear map, as a projection is."""
+        return all(T.is_passthrough(n, self.modules) or isinstance(T.module_of(n, self.modules), WEIGHT_LAYERS)
+                   for n in nodes)
+
+    def _shortcut_side(self, count: int, other: int, nodes: set[fx.Node]) -> bool:
+        """A side with ``count`` weight layers (the other side ``other``) is the shortcut: none, one where the other
+        has more, or several in series with no nonlinearity where the other has more (a depthwise-separable
+        projection, GhostNet's)."""
+        return count == 0 or (count < other and (count == 1 or self._linear(nodes)))
+
     def _check_tail(self, res: Residual) -> bool:
-        """Only pass-through operations may follow the last weight layer, so zeroing it zeroes F."""
-        last = res.layers[-1]
-        for n in sorted(res.data, key=self.anc.index.__getitem__):
-            if self.anc.index[n] <= self.anc.index[last]:
-                continue
-            ok = self.anc.has(n, last) and (T.is_passthrough(n, self.modules) or self._is_gate_mul(n)
-                                            or self._is_outside_factor_mul(n, res.data))
-            if ok and self._is_outside_factor_mul(n, res.data):
-                param = self._parameter_factor(n, res.data)
-                if param is not None and res.layer_scale is None:
-                    res.layer_scale = param
-            ok = ok and all(self.anc.has(p, last) for p in T.data_inputs(n) if p in res.data)
-            if not ok:
-                self.problems.append(Problem(res.add.name, (
-                    f"the branch ends in {n.name!r} ({_describe(n, self.modules)}) after its last weight layer "
-                    f"{last.name!r}; zeroing that layer would not make the branch zero. Fixup needs the branch's "
-                    "last operation to be a weight layer (normalisation, dropout and reshapes may follow)")))
-                return False
+        """Each path of the branch must end in a weight layer followed only by operations that keep a zero zero, so
+        that zeroing those layers (one per path: the ends, _ends.py) zeroes F. The layers are put in order, the ends
+        last, and the path m counts is found."""
+        found = find_ends(res.branch_out, res.data, self.anc.index, self.anc.has, self.modules)
+        if not isinstance(found, Ends):
+            node, why = found
+            last = res.layers[-1]
+            self.problems.append(Problem(res.add.name, (
+                f"the branch ends in {node.name!r} ({_describe(node, self.modules)}) after its last weight layer "
+                f"{last.name!r}{f' ({why})' if why else ''}; zeroing that layer would not make the branch zero. "
+                "Fixup needs each path of the branch to end in a weight layer followed only by operations that keep "
+                "a zero zero (normalisation, dropout, reshapes, a concatenation or sum of such paths)")))
+            return False
+        res.ends, res.layer_scale = found, found.layer_scale
+        res.layers = [n for n in res.layers if n not in found.layers] + found.layers
+        res.path = longest_path(res.branch_out, res.data, self.anc.index, self.modules)
         return True
-
-    def _is_outside_factor_mul(self, node: fx.Node, data: set[fx.Node]) -> bool:
-        """A product with a factor that does not depend on the branch (a stochastic-depth mask)."""
-        inputs = T.data_inputs(node)
-        return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
-            sum(p in data for p in inputs) == 1
-
-    def _parameter_factor(self, node: fx.Node, data: set[fx.Node]) -> fx.Node | None:
-        """The parameter (``get_attr``), up to reshapes, that multiplies the branch at ``node``: a layer scale."""
-        factor = next((p for p in T.data_inputs(node) if p not in data), None)
-        while factor is not None and factor.op != "get_attr":
-            if not T.is_passthrough(factor, self.modules) or len(factor.all_input_nodes) != 1:
-                return None
-            factor = factor.all_input_nodes[0]
-        return factor if factor is not None and factor.meta.get("param") else None
-
-    def _is_gate_mul(self, node: fx.Node) -> bool:
-        inputs = T.data_inputs(node)
-        return (node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul") and \
-            any(self._gate_operand(p) for p in inputs)
 
     def classifier(self, residuals: list[Residual], output: fx.Node) -> list[fx.Node]:
         """The last weight layers feeding the output, outside every branch and after every residual sum."""
@@ -340,6 +332,9 @@ def analyse(graph: fx.Graph, modules: dict[str, nn.Module]) -> Analysis:
     """Find every residual sum of ``graph``, its branch and shortcut, and the classifier."""
     an = _Analyser(graph, modules)
     found = [r for n in graph.nodes if T.is_add(n) and (r := an.residual(n)) is not None]
+    # An add of two weight paths is no residual sum; inside a branch it sums the branch's paths (_ends.py).
+    inside = set().union(*(r.data for r in found)) if found else set()
+    an.problems += [p for add, p in an.two_sided.items() if add not in inside]
     # A weight layer may belong to one branch only, and must be called once (not shared).
     owner: dict[fx.Node, Residual] = {}
     bad: set[int] = set()

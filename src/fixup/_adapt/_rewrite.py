@@ -3,7 +3,8 @@
 Norms become scalar biases (where they stood before an activation or inside a branch) or go (on the
 residual stream, on shortcuts); a fused norm+activation module keeps its activation. Each branch gets
 a scalar bias before each weight layer and activation that has none yet, and a multiplier after its
-last weight layer, unless it already has one (a layer scale). The blocks then declare their branches.
+last weight layer (after each path's, where the branch ends in several: _ends.py), unless it already has one
+(a layer scale). The blocks then declare their branches.
 Nothing is matched by name: every decision comes from the recorded computation.
 """
 
@@ -228,7 +229,7 @@ class Rewriter:
         scalar bias is added before its layers and activations (the norms' shifts are biases only under
         ``adapt(..., gate_biases=True)``); a layer scale the branch already has is kept as a weight, set to 1 by
         the initialiser."""
-        last = r.layers[-1]
+        assert r.ends is not None  # every residual the analysis returns has its ends
         data = r.data | {r.fork}
         biases: list[Bias] = []
         stream: Bias | None = None
@@ -237,14 +238,14 @@ class Rewriter:
                 T.module_of(n, self.modules), Bias) else None)
             if b is None:
                 continue
-            if self.order[n] > self.order[last]:
+            if n in r.ends.joined:  # after the ends, on every path: the bias shifts the stream
                 stream = stream or b  # type: ignore[assignment]
             else:
                 biases.append(b)  # type: ignore[arg-type]
         for n in sorted(r.data, key=self.order.__getitem__) if not gated else ():
             if n in r.layers:
                 biases += self._bias_layer(n, data)
-            elif T.is_activation(n, self.modules) and self.order[n] < self.order[last]:
+            elif T.is_activation(n, self.modules) and n not in r.ends.tail:
                 biases += self._bias_activation(n)
         scale: Scale
         if gated:
@@ -254,9 +255,7 @@ class Rewriter:
                 self.gated_layer_scales.append(LayerScaleHandle(self.modules[owner_path] if owner_path else self.model,
                                                                 pname, str(r.layer_scale.target)))
             scale = Gate()
-            module = self.modules[str(last.target)]
-            self._attach(module, str(last.target), "fixup_scale", scale)  # a Gate in the multiplier's place
-            module.register_forward_hook(scale_output)
+            self._scale_ends(r, scale)  # a Gate in the multiplier's place
         elif r.layer_scale is not None:
             owner_path, _, pname = str(r.layer_scale.target).rpartition(".")
             scale = LayerScaleHandle(self.modules[owner_path] if owner_path else self.model, pname,
@@ -264,13 +263,21 @@ class Rewriter:
             self.layer_scales.append(str(r.layer_scale.target))
         else:
             scale = Scale()
-            module = self.modules[str(last.target)]
-            self._attach(module, str(last.target), "fixup_scale", scale)
-            module.register_forward_hook(scale_output)
+            self._scale_ends(r, scale)
         unique = list({id(b): b for b in biases if b is not stream}.values())
         projection = T.module_of(r.projection, self.modules) if r.projection is not None else None
-        return self._container(r), Branch(layers=self._layers(r), kind=self._kind(r), biases=unique, scale=scale,
-                                          shortcut=projection, stream_bias=stream)
+        layers, m = self._layers(r)
+        return self._container(r), Branch(layers=layers, kind=self._kind(r), m=m, biases=unique, scale=scale,
+                                          shortcut=projection, stream_bias=stream, ends=len(r.ends.layers))
+
+    def _scale_ends(self, r: Residual, scale: Scale) -> None:
+        """The branch's multiplier on the output of each end that reads no other end: every path of the branch
+        goes through one of them (one scalar, shared where the branch ends in several parallel layers)."""
+        assert r.ends is not None
+        for end in r.ends.first:
+            module = self.modules[str(end.target)]
+            self._attach(module, str(end.target), "fixup_scale", scale)
+            module.register_forward_hook(scale_output)
 
     def _container(self, r: Residual) -> str:
         paths = [str(n.target) for n in r.layers]
@@ -279,15 +286,18 @@ class Rewriter:
             block = block.rpartition(".")[0]
         return block
 
-    def _layers(self, r: Residual) -> list[nn.Module | WeightSlice]:
-        out: list[nn.Module | WeightSlice] = []
+    def _layers(self, r: Residual) -> tuple[list[nn.Module | WeightSlice], int]:
+        """The branch's declared layers (the ends last: rule 1 zeroes them) and m, the declared layers on its path
+        with the most (_ends.py)."""
+        assert r.ends is not None
+        declared: dict[fx.Node, list[nn.Module | WeightSlice]] = {}
         attention = self._kind(r) == "attention"
         last = r.layers[-1]
         last_width = _width(self.modules[str(last.target)], last)
         for i, n in enumerate(r.layers):
             mod = self.modules[str(n.target)]
             if isinstance(mod, nn.MultiheadAttention):
-                out += _mha_layers(mod)
+                declared[n] = _mha_layers(mod)
                 continue
             transposed = n.meta.get(T.WEIGHT_KIND) == "transposed"
             width = _width(mod, n)
@@ -295,13 +305,16 @@ class Rewriter:
             if attention and i == 0 and n is not last and last_width and width == 3 * last_width:
                 # Q, K and V fused in one layer (timm's ViT qkv, GPT-2's c_attn): three layers, as if separate.
                 cls = TransposedWeight if transposed else WeightSlice
-                out += [cls(mod, "weight", (k * last_width, (k + 1) * last_width), bias) for k in range(3)]
+                declared[n] = [cls(mod, "weight", (k * last_width, (k + 1) * last_width), bias) for k in range(3)]
                 self.fused_qkv.append(str(n.target))
             elif transposed:
-                out.append(TransposedWeight(mod, "weight", None, bias))
+                declared[n] = [TransposedWeight(mod, "weight", None, bias)]
             else:
-                out.append(mod)
-        return out
+                declared[n] = [mod]
+        ends = r.ends.layers  # an attention's Q, K and V come before the ends; its output projection is one
+        inner = [d for n in r.layers for d in (declared[n] if n not in ends else declared[n][:-1])]
+        m = sum(len(declared[n]) for n in r.path)
+        return inner + [declared[n][-1] for n in ends], m
 
     def _kind(self, r: Residual) -> str:
         mods = [T.module_of(n, self.modules) for n in r.layers]

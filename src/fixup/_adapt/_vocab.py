@@ -24,11 +24,14 @@ from ..nn import Bias, Scale, residual_add
 __all__ = [
     "NORM_LAYERS",
     "WEIGHT_KIND",
+    "gate_operand",
     "is_activation",
     "is_add",
     "is_gate",
+    "is_join",
     "is_lookup",
     "is_meta",
+    "is_mul",
     "is_norm",
     "is_passthrough",
     "is_weight_unit",
@@ -55,6 +58,7 @@ _PASSTHROUGH_MODULES: tuple[type[nn.Module], ...] = (
     nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Identity, nn.Flatten, nn.Unflatten,
     Bias, Scale,
 )
+_JOIN_NAMES = {"cat", "concat", "concatenate", "stack"}
 _META_NAMES = {"size", "dim", "numel", "ndimension", "shape", "ndim", "device", "dtype", "len"}
 # Functions of a tensor's shape and type only (``torch.rand_like(x)`` does not depend on x's values).
 _LIKE_NAMES = {"rand_like", "randn_like", "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros",
@@ -128,6 +132,26 @@ def is_add(node: fx.Node) -> bool:
     if node.op == "call_method" and node.target in ("add", "add_"):
         return len(node.args) >= 2 and all(isinstance(a, fx.Node) for a in node.args[:2])
     return False
+
+
+def is_mul(node: fx.Node) -> bool:
+    """An element-wise product: ``a * b``, ``torch.mul``, ``a.mul(b)``."""
+    return node.target in ("mul", "mul_") or getattr(node.target, "__name__", "") == "mul"
+
+
+def is_join(node: fx.Node) -> bool:
+    """Joins paths without mixing them with anything learnt: a concatenation (``torch.cat``, ``torch.stack``) or
+    a sum of tensors. A concatenation or sum of zeros is zero."""
+    return is_add(node) or (node.op in ("call_function", "call_method") and _name(node) in _JOIN_NAMES)
+
+
+def gate_operand(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """``node`` is, up to reshapes, the output of a sigmoid gate."""
+    while not is_gate(node, modules):
+        if not is_passthrough(node, modules) or not node.all_input_nodes or module_of(node, modules) is not None:
+            return False
+        node = node.all_input_nodes[0]
+    return True
 
 
 def is_passthrough(node: fx.Node, modules: dict[str, nn.Module]) -> bool:

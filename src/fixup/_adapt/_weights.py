@@ -79,8 +79,8 @@ def load_original(model: nn.Module, state_dict: Mapping[str, Tensor]) -> Weights
     own = model.state_dict()
     zeroed = {}
     for block, branch in find_branches(model):
-        last = branch.layers[-1]
-        zeroed[id(last.module if isinstance(last, WeightSlice) else last)] = block
+        for last in branch.zeroed:
+            zeroed[id(last.module if isinstance(last, WeightSlice) else last)] = block
     for layer in find_classifier(model):
         zeroed[id(layer)] = "classifier"
     by_param = {id(p): name for name, mod in model.named_modules() if id(mod) in zeroed

@@ -232,19 +232,22 @@ def _plan(model: nn.Module, branches: list[tuple[str, Branch]], names: dict[int,
 
 def _draw_branch(p: PlannedBranch, L: int, chosen: Method, base: str, mode: str,
                  generator: torch.Generator | None) -> BranchRecord:
-    """Rules 1-3 on one branch: its inner layers drawn by ``base`` times rule 2's factor, its last layer zero, its
-    scalars at their start (biases 0, multiplier 1); its shortcut projection drawn by ``base``, unscaled."""
-    branch, m = p.branch, p.branch.depth
+    """Rules 1-3 on one branch: its inner layers drawn by ``base`` times rule 2's factor, its last layer (of each
+    path, ``Branch.ends``) zero, its scalars at their start (biases 0, multiplier 1); its shortcut projection drawn by
+    ``base``, unscaled."""
+    branch, m, k = p.branch, p.branch.depth, len(p.branch.inner)
     factor = (branch_scale(L, m) if chosen.depth_scaling else 1.0) * chosen.rescale
     scaled = [draw_standard_(layer, lname, base, mode, generator, factor)
-              for layer, lname in zip(branch.layers[:-1], p.layer_names[:-1])]
-    last = branch.layers[-1]
-    draw_(last, 0.0, generator)
+              for layer, lname in zip(branch.inner, p.layer_names[:k])]
+    zeroed = []
+    for layer, lname in zip(branch.zeroed, p.layer_names[k:]):  # rule 1: the last layer of each path
+        draw_(layer, 0.0, generator)
+        zeroed.append(record(lname, layer, 0.0))
     for scalar in (*branch.all_biases, *([branch.scale] if branch.scale is not None else [])):
         scalar.reset_parameters()
     shortcut = None if branch.shortcut is None else draw_standard_(branch.shortcut, p.shortcut, base, mode, generator)
-    return BranchRecord(p.block, branch.kind, m, factor, scaled, record(p.layer_names[-1], last, 0.0),
-                        len(branch.all_biases), branch.scale is not None, shortcut, branch.stream_bias is not None)
+    return BranchRecord(p.block, branch.kind, m, factor, scaled, zeroed[0], len(branch.all_biases),
+                        branch.scale is not None, shortcut, branch.stream_bias is not None, zeroed[1:])
 
 
 @torch.no_grad()

@@ -171,7 +171,7 @@ def residual_shapes(model: nn.Module, x: Tensor) -> list[dict[str, Any]]:
         handles.append(block.register_forward_hook(post))
         for branch in block.residual_branches():
             last = branch.layers[-1]
-            if isinstance(last, nn.Module):
+            if isinstance(last, nn.Module) and branch.ends == 1:  # several ends: each is a part of the output
                 handles.append(last.register_forward_hook(
                     lambda _m, _i, o, rec=rec: rec["branch"].append(list(o.shape)) if isinstance(o, Tensor) else None))
     error: Exception | None = None

@@ -43,6 +43,7 @@ class FixupReport(InitReport):
         out = super()._fields_from(data)
         out["branches"] = [
             BranchRecord(**{**b, "scaled": layer_records(b["scaled"]), "zeroed": LayerRecord(**b["zeroed"]),
+                            "also_zeroed": layer_records(b.get("also_zeroed")),
                             "shortcut": None if b.get("shortcut") is None else LayerRecord(**b["shortcut"])})
             for b in data.get("branches", [])
         ]
@@ -93,7 +94,8 @@ class FixupReport(InitReport):
                 sc = ", ".join(f"{local(s)} std {s.std:.4g}" for s in b.scaled)
                 stream = " (one on the stream)" if b.stream_bias else ""
                 lines.append(f"  {b.name:<22} {b.kind:<11} m={b.m} factor {b.factor:.4g}: scaled [{sc}] "
-                             f"zeroed {local(b.zeroed)}; {b.num_biases} biases{stream}, "
+                             f"zeroed {', '.join(local(z) for z in [b.zeroed, *b.also_zeroed])}; "
+                             f"{b.num_biases} biases{stream}, "
                              f"{'a' if b.has_scale else 'NO'} multiplier"
                              + (f"; shortcut {local(b.shortcut)}" if b.shortcut else ""))
             if len(self.branches) > max_branches:

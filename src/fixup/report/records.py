@@ -3,7 +3,7 @@ LSUV step, each a dataclass that :meth:`fixup.report.InitReport.to_dict` writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -39,6 +39,8 @@ class BranchRecord:
     has_scale: bool
     shortcut: LayerRecord | None = None
     stream_bias: bool = False  # whether one of its biases sits on the residual stream (after the last layer)
+    # The last layers of the branch's other paths, zeroed too, where it ends in a concatenation or a sum of paths.
+    also_zeroed: list[LayerRecord] = field(default_factory=list)
 
     @property
     def scale(self) -> float:

@@ -1,0 +1,130 @@
+"""Which of ``fixup.adapt``'s options apply under which method: each one applies, or is refused before the model runs
+with a ValueError naming the option, the method and what would work. No option is dropped silently.
+
+The initialiser's options go where the method's initialiser takes them: Fixup's rule (:func:`fixup.fixup_init_`)
+takes every one of its own; a gated method drawn from a standard base (ReZero: He) takes the base and the He fans
+(``mode`` in the branches and shortcuts, ``stem_mode`` elsewhere); a gated method with its authors' own draw
+(SkipInit: a truncated normal of std 1/sqrt(fan_in)) takes none of them. What each method is comes from its row of
+:data:`fixup.METHODS` (``Method.adapt``, ``Method.draw``), never from its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from ..init.fans import BASE_INITS, FAN_MODES
+from ..method import ADAPT_METHODS, Method, as_method
+from ._trunk import TRUNK_RULES
+
+__all__ = ["INIT_OPTIONS", "Chosen", "adapted_method", "check_options"]
+
+# The fixup_init_ keywords adapt passes on (its own strict, generator and method are adapt's), with what each sets.
+INIT_OPTIONS = {
+    "mode": "the He fan of the branch layers and shortcut projections",
+    "base": "the standard initialisation the draws start from",
+    "stem_mode": "the He fan of the weight layers outside the branches",
+    "depth_scaling": "whether Fixup's rule 2 multiplies the branch layers by L^(-1/(2m-2))",
+    "rescale": "a factor on Fixup's rule 2",
+    "expect_biases": "whether a branch without Fixup's scalar biases (rule 3) is a warning",
+    "expect_scale": "whether a branch without Fixup's scalar multiplier (rule 3) is a warning",
+}
+# What a gated method drawn from a standard base (Method.draw == "standard") takes of them.
+_STANDARD_DRAW = ("mode", "base", "stem_mode")
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The method adapt applies (with the options that are fields of it) and the keywords for its initialiser."""
+
+    method: Method
+    init_kwargs: dict[str, Any]
+
+
+def adapted_method(method: str) -> Method:
+    """The method of :data:`fixup.METHODS` named ``method``, if adapt applies it (``Method.adapt``); else a
+    ValueError saying why not and what does instead."""
+    head = f"fixup.adapt applies the methods {ADAPT_METHODS}, got method={method!r}"
+    try:
+        m = as_method(method)
+    except ValueError as err:
+        raise ValueError(f"{head}: {err}") from None
+    if m.adapt:
+        return m
+    if m.nf:
+        why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
+               f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
+               "and ImageNet ResNets); for a model written elsewhere adapt with method='fixup', 'skipinit' or "
+               "'rezero', and clip with fixup.adaptive_clip_grad_ (AGC) if you want NF-ResNets' clipping")
+    elif m.family == "transformer":
+        why = ("it scales each stack of the library's encoder-decoder Transformer by that stack's depth: "
+               f"fixup.create_model('transformer_tiny', method={m.name!r}); for another Transformer adapt with "
+               "method='fixup' or 'rezero'")
+    elif m.fixup:
+        why = (f"adapt applies Fixup's default form; {m.name!r} is for the library's models "
+               f"(fixup.create_model(name, method={m.name!r}))")
+    else:
+        why = ("a baseline needs no adapting: train the model as written (its own normalisation), or build a "
+               f"library model with fixup.create_model(name, method={m.name!r})")
+    raise ValueError(f"{head}: {why}")
+
+
+def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, options: dict[str, Any]) -> Chosen:
+    """The method adapt applies and its initialiser's keywords, after checking every option against it (a
+    ValueError naming the option, the method and the fix). ``mode`` is ``None`` where it was not given."""
+    if trunk not in TRUNK_RULES:
+        raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
+    chosen = adapted_method(method)
+    gated = chosen.adapt == "gate"
+    if not gated and gate_biases:
+        raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
+                         f"always has its scalar biases (rule 3): leave gate_biases out for method={chosen.name!r}")
+    given = {k: v for k, v in {**options, "mode": mode}.items() if v is not None}  # None: not given
+    for key in given:
+        _check_known(key)
+    for key in ("mode", "stem_mode"):
+        if key in given and given[key] not in FAN_MODES:
+            raise ValueError(f"{key} must be one of {FAN_MODES}, got {given[key]!r}")
+    if "base" in given and given["base"] not in BASE_INITS:
+        raise ValueError(f"base must be one of {BASE_INITS}, got {given['base']!r}")
+    if not gated:
+        return Chosen(chosen, {"mode": "fan_out", **given})
+    takes = _STANDARD_DRAW if chosen.draw == "standard" else ()
+    for key in given:
+        if key not in takes:
+            raise ValueError(_refusal(key, chosen))
+    stem_mode = given.pop("stem_mode", None)
+    if stem_mode is not None:  # a field of the method: the gated initialiser reads it from there
+        chosen = dataclasses.replace(chosen, stem_mode=stem_mode)
+    return Chosen(chosen, given)
+
+
+def _check_known(key: str) -> None:
+    if key in INIT_OPTIONS:
+        return
+    if key == "stream_bias":
+        raise ValueError("stream_bias= does not apply to fixup.adapt: where an adapted model's stream biases learn "
+                         "is fixup.param_groups' choice (its stream_budget=True, the default, gives them one "
+                         "scalar's rate together; stream_budget=False the scalars' rate each, as the paper); leave "
+                         "stream_bias out")
+    close = difflib.get_close_matches(key, [*INIT_OPTIONS, "strict", "untie_weights", "state_dict", "generator",
+                                            "trunk", "method", "gate_biases", "leaf_modules", "private"], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"fixup.adapt has no option {key!r}{hint}; the initialiser's options it passes on are "
+                     f"{', '.join(INIT_OPTIONS)} (see help(fixup.adapt))")
+
+
+def _refusal(key: str, m: Method) -> str:
+    """Why option ``key`` does not apply under the gated method ``m``, and what would work."""
+    head = f"{key}= sets {INIT_OPTIONS[key]}, which method={m.name!r} does not take"
+    if key in _STANDARD_DRAW:  # m draws by its authors' rule, not from a standard base
+        return (f"{head}: it draws every weight from a normal truncated at 2 std with std 1/sqrt(fan_in), as its "
+                f"authors' code. Leave {key} out, or use method='rezero' (drawn by base=, mode= and stem_mode=) or "
+                "method='fixup'")
+    if key in ("depth_scaling", "rescale"):
+        why = "it scales no weight by depth: its gate at 0 starts each block as its shortcut instead"
+    else:
+        why = "it gives each branch a gate, not Fixup's scalars"
+    return f"{head}: {key} is an option of Fixup's rule, and {why}. Leave {key} out, or use method='fixup'"
