@@ -306,6 +306,35 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def pooled(first: dict[str, Any], more: dict[str, Any]) -> str:
+    """Each route at the rate ``first`` chose for it (its base recipe), over the seeds of both runs; and the
+    converted route's lead over each normalised route, paired by seed (same pre-trained model), with its 95%
+    interval. ``more`` is a run at the chosen rates on other seeds."""
+    runs = [r for out in (first, more) for r in out["runs"] if "test_acc" in r and "variant" not in r]
+    chosen = {(r["setting"], r["route"]): r["chosen"]["lr"] for r in first["rows"] if "chosen" in r}
+    acc: dict[tuple[str, str], dict[int, float]] = {}
+    for r in runs:
+        if chosen.get((r["setting"], r["route"])) == r["lr"]:
+            acc.setdefault((r["setting"], r["route"]), {})[r["seed"]] = r["test_acc"]
+    lines = ["| setting | route (rate) | test accuracy, mean ± std [95%] | n | converted minus it, paired [95%] |",
+             "|---|---|---|---|---|"]
+    for setting in SETTINGS:
+        conv = acc.get((setting, "converted"), {})
+        for route in ("converted", *NORMALISED):
+            cell = acc.get((setting, route))
+            if not cell:
+                continue
+            s = summary(list(cell.values()))
+            diff = ""
+            if route != "converted":
+                seeds = sorted(set(cell) & set(conv))
+                d = summary([conv[k] - cell[k] for k in seeds])
+                diff = f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] (n = {d['n']})"
+            lines.append(f"| {setting} | {route} ({chosen[setting, route]:g}) | {s['mean']:.1f} ± {s['std']:.1f} "
+                         f"[{s['ci95'][0]:.1f}, {s['ci95'][1]:.1f}] | {s['n']} | {diff} |")
+    return "\n".join(lines)
+
+
 # --- main -------------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -324,7 +353,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-variants", action="store_true", help="skip the converted route's recipe search")
     p.add_argument("--smoke", action="store_true", help="depth 8, a few steps, one seed and rate: seconds")
     p.add_argument("--json", default=None, help="write the command, settings, every run, the table and the verdict")
+    p.add_argument("--pool", nargs=2, metavar=("FIRST", "MORE"), default=None,
+                   help="train nothing: pool two JSON files (the rates chosen in FIRST, more seeds in MORE) and print "
+                        "each route over all seeds with the converted route's paired lead")
     args = p.parse_args(argv)
+    if args.pool:
+        import json
+        from pathlib import Path
+
+        first, more = (json.loads(Path(f).read_text()) for f in args.pool)
+        print(pooled(first, more))
+        return {"pooled": pooled(first, more)}
     if args.smoke:
         args.seeds, args.depth, args.pretrain_steps = args.seeds[:1], 8, 4
         args.steps = args.steps_b2 = args.steps_dp = 3

@@ -129,7 +129,8 @@ def test_the_routes_start_from_the_trained_function_where_they_keep_it(one_threa
 
 @needs_opacus
 def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
-    out = _benchmark().main(["--smoke", "--seeds", "0", "--json", str(tmp_path / "t.json")])
+    bench = _benchmark()
+    out = bench.main(["--smoke", "--seeds", "0", "--json", str(tmp_path / "t.json")])
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["command"].startswith("PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/transfer.py --smoke")
     cells = {(r["route"], r["setting"]): r for r in out["rows"]}
@@ -137,3 +138,5 @@ def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
     assert "per-example gradients are undefined" in cells["bn_train", "dp"]["refused"]
     assert all("test" in r for k, r in cells.items() if k != ("bn_train", "dp"))
     assert "| converted |" in saved["table"]
+    pooled = bench.pooled(saved, saved).splitlines()  # a run pooled with itself: each seed once, the lead paired
+    assert len(pooled) == 2 + 3 * 4 - 1  # header, separator, 4 routes a setting, no BatchNorm in train mode under dp
