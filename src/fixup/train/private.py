@@ -119,7 +119,8 @@ class PrivateTraining:
             self.noise_multiplier = config.noise_multiplier
         seed = seeded_generator(config.seed, _NOISE_KEY).initial_seed()
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.net = GradSampleModule(model, batch_first=True, loss_reduction="mean")
+        # a model handed over in eval mode (an --adapt factory's, a converted one) trains in train mode, as Opacus needs
+        self.net = GradSampleModule(model.train(), batch_first=True, loss_reduction="mean")
         self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.noise_multiplier,
                                      max_grad_norm=config.max_grad_norm,
                                      expected_batch_size=self.expected_batch_size, loss_reduction="mean",
