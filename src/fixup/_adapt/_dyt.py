@@ -34,7 +34,8 @@ __all__ = ["BATCHNORM_MEASURED", "DyTAdaptReport", "DyTRecord", "adapt_dyt"]
 
 # benchmarks/dyt_batchnorm.py (results/dyt_batchnorm.json): the library's CIFAR ResNet-20 on digits, the README's
 # own-loop recipe, 300 steps, seeds 0 and 1; BatchNorm against DyT in each BatchNorm's place (alpha 0.5).
-BATCHNORM_MEASURED = "PENDING"
+BATCHNORM_MEASURED = ("ResNet-20 on digits, 300 steps, n=2: 89.9 ± 3.7% test accuracy with DyT in each BatchNorm's "
+                      "place against 98.2 ± 0.2% with BatchNorm")
 _RMSNORM = getattr(nn, "RMSNorm", None)  # torch >= 2.4
 
 
