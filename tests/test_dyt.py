@@ -210,6 +210,17 @@ def test_adapt_dyt_keeps_batchnorm_beside_layernorm_with_a_warning() -> None:
     assert isinstance(adapted[1], nn.BatchNorm2d) and report.private.startswith("not ready")
 
 
+def test_adapt_dyt_runs_pytorch_s_transformer_modules_by_their_documented_slow_path() -> None:
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(16, 3)).eval()
+    x = torch.randn(2, 5, 16)
+    with pytest.warns(fixup.FixupWarning, match="non-fast-path"):
+        adapted, report = fixup.adapt(model, x, method="dyt")
+    assert [r.name for r in report.replaced] == [f"0.layers.{i}.norm{j}" for i in (0, 1) for j in (1, 2)]
+    with torch.no_grad():  # eval and no grad: where the fused path would read the norms
+        assert torch.isfinite(adapted(x)).all()
+
+
 class _Transposed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..method import Method
 from ..nn import DyT
 from ..report import FixupWarning
+from . import _vocab as V
 from ._graph import AdaptError
 from ._weights import WeightsLoaded, load_original
 
@@ -165,6 +166,7 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
     the norm stays)."""
     name = type(model).__name__
     source = copy.deepcopy(model)
+    swapped = V.slow_path_(source)  # PyTorch's fused Transformer path reads the norms' eps and weight directly
     names = {id(m): n for n, m in source.named_modules()}
     norms = [m for m in source.modules() if _is_layernorm(m)]
     batchnorms = [f"{names[id(m)]} ({type(m).__name__})" for m in source.modules()
@@ -199,6 +201,10 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         if id(child) in new:
             setattr(parent, attr, new[id(child)])
     report.warnings += [f"{p}; it stays a norm" for p in problems]
+    if swapped:
+        report.warnings.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented "
+                               "non-fast-path computation (a subclass of the same module), as the fused fast path "
+                               "reads the norms")
     others = [m for m in source.modules() if _is_layernorm(m) or isinstance(m, (
         nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm))]
     kept_names = {id(m): n for n, m in source.named_modules()}
