@@ -49,11 +49,16 @@ class ImageClassification:
 
     # -- model ------------------------------------------------------------------------------------
     def build_model(self, config: TrainConfig) -> nn.Module:
+        if config.extra.get("converted"):
+            return self._converted_model(config)
         if config.adapt:
             return self._adapted_model(config)
+        return self._registered_model(config, config.norm)
+
+    def _registered_model(self, config: TrainConfig, norm: str) -> nn.Module:
         from ..models import create_model
 
-        kwargs: dict[str, Any] = {"norm": config.norm, "num_classes": self.data.num_classes,
+        kwargs: dict[str, Any] = {"norm": norm, "num_classes": self.data.num_classes,
                                   "in_channels": self.data.in_channels}
         for name in ("depth", "width", "dropout", "drop_path", "head_dropout"):
             if getattr(config, name):
@@ -76,9 +81,23 @@ class ImageClassification:
         ``rezero``; :func:`fixup.adapt` refuses the others, naming what works), by the norm's own method when
         ``init`` is empty and adapt applies it (``Method.adapt``: Fixup under ``norm="fixup"``), else trained as
         built."""
+        from ..external import adapt
+
+        model = self._factory_model(config)
+        method = config_method(config)
+        if config.init or method.adapt:  # a method named explicitly, or the norm's own that adapt applies (fixup)
+            example, _ = next(self._load(self.data.train, [[0, 1]]))
+            if config.dp:  # no training image may shape the model outside the accounting: noise of their shape
+                example = torch.randn(example.shape, generator=seeded_generator(config.seed, _ADAPT_KEY))
+            model, _ = adapt(model, example, method=method.name)
+        return model
+
+    def _factory_model(self, config: TrainConfig) -> nn.Module:
+        """The model ``config.adapt``'s factory returns (``module:factory``; it may take ``num_classes`` and
+        ``in_channels``), as built."""
         import inspect
 
-        from ..external import adapt, load_factory
+        from ..external import load_factory
 
         factory = load_factory(config.adapt)
         offered = {"num_classes": self.data.num_classes, "in_channels": self.data.in_channels}
@@ -87,13 +106,32 @@ class ImageClassification:
         model = made[0] if isinstance(made, tuple) else made
         if not isinstance(model, nn.Module):
             raise ValueError(f"--adapt {config.adapt}: the factory returned {type(model).__name__}, not an nn.Module")
-        method = config_method(config)
-        if config.init or method.adapt:  # a method named explicitly, or the norm's own that adapt applies (fixup)
-            example, _ = next(self._load(self.data.train, [[0, 1]]))
-            if config.dp:  # no training image may shape the model outside the accounting: noise of their shape
-                example = torch.randn(example.shape, generator=seeded_generator(config.seed, _ADAPT_KEY))
-            model, _ = adapt(model, example, method=method.name)
         return model
+
+    def _converted_model(self, config: TrainConfig) -> nn.Module:
+        """The converted model saved by :func:`fixup.save_converted` at ``extra["converted"]``, to fine-tune as saved.
+
+        :func:`fixup.load_converted` replays the conversion on the original architecture: the model ``--adapt``'s
+        factory returns, else the registered ``--model`` built with BatchNorm (``--depth``/``--width`` as for
+        training it). Its weights do not matter; the file's are loaded (``weights_only=True``). Nothing is
+        re-initialised or adapted, so the first step starts from the converted, trained function.
+        """
+        from .._convert import load_converted
+
+        path = config.extra["converted"]
+        if not isinstance(path, str):
+            raise ValueError(f'extra "converted" must be the path of a file written by fixup.save_converted, got '
+                             f"{path!r}")
+        if config.norm not in ("fixup", "none") or config.init:
+            raise ValueError(f'extra "converted" fine-tunes a converted model as saved, without normalisation; '
+                             f"norm={config.norm!r}, init={config.init!r} would build another model: leave --norm "
+                             "and --init at their defaults (or --norm none)")
+        build = self._factory_model(config) if config.adapt else self._registered_model(config, "batchnorm")
+        try:
+            model, _ = load_converted(path, build)
+        except FileNotFoundError as err:
+            raise ValueError(f'extra "converted": no file {path} (write one with fixup.save_converted)') from err
+        return model.train()  # it keeps the modes it was saved in (convert takes an eval-mode model)
 
     # -- data -------------------------------------------------------------------------------------
     def _per_rank_batch(self, shard: Shard) -> int:

@@ -1,0 +1,142 @@
+"""Fine-tuning a converted model (issue 37, items 2 and 3): the engine starts from the converted function, and the
+transfer benchmark runs.
+
+The engine fine-tunes a model saved by ``fixup.save_converted`` through ``extra["converted"]``
+(src/fixup/train/image_task.py); benchmarks/transfer.py compares it with the normalised routes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fixup
+from fixup.train import TrainConfig, fit
+from fixup.train.image_task import ImageClassification
+from fixup.train.task import Shard
+
+ROOT = Path(__file__).resolve().parent.parent
+
+try:
+    import opacus  # noqa: F401
+
+    HAVE_OPACUS = True
+except ImportError:
+    HAVE_OPACUS = False
+needs_opacus = pytest.mark.skipif(not HAVE_OPACUS, reason="opacus is not installed (pip install 'fixup-lab[dp]')")
+
+DIGITS = {"depth": 8, "batch_size": 32, "lr": 0.01, "epochs": 1, "checkpoint": False, "device": "cpu"}
+
+
+def _trained_like(seed: int = 0) -> nn.Module:
+    """A BatchNorm ResNet-8 for digits with statistics, affines and a classifier as training would leave them."""
+    torch.manual_seed(seed)
+    model = fixup.create_model("resnet_cifar", depth=8, norm="batchnorm", num_classes=10, in_channels=1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.3)
+        model.fc.weight.normal_(0, 0.3)
+    return model.eval()
+
+
+def _saved(tmp_path: Path, model: nn.Module) -> str:
+    converted, report = fixup.convert(model, torch.randn(2, 1, 8, 8))
+    path = str(tmp_path / "converted.pt")
+    fixup.save_converted(path, converted, report)
+    return path
+
+
+@pytest.mark.parametrize("via", ["model", "adapt"])
+def test_the_first_fine_tuning_step_starts_from_the_converted_function(via, tmp_path, one_thread) -> None:
+    """Step 0's training loss is the normalised model's eval-mode loss on the same batch: nothing re-initialised."""
+    original = _trained_like()
+    extra = {"extra": {"converted": _saved(tmp_path, original)}, "max_updates": 1, "norm": "none"}
+    if via == "adapt":  # the original architecture from a factory instead of the registered model
+        (tmp_path / "arch.py").write_text(
+            "import fixup\n\ndef build(num_classes=10, in_channels=1):\n    return fixup.create_model("
+            "'resnet_cifar', depth=8, norm='batchnorm', num_classes=num_classes, in_channels=in_channels)\n")
+        extra["adapt"] = f"{tmp_path / 'arch.py'}:build"
+    config = TrainConfig(**DIGITS, **extra)
+    losses: list[float] = []
+    result = fit(config, progress=False, on_step=lambda info: losses.append(info.loss))
+    assert result.outcome == "completed"
+    x, y, _ = next(ImageClassification(config).train_batches(0, Shard()))
+    with torch.no_grad():
+        expected = F.cross_entropy(original(x), y).item()
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in result.model.modules())
+
+
+@needs_opacus
+def test_a_saved_converted_model_fine_tunes_privately(tmp_path, one_thread) -> None:
+    """convert takes an eval-mode model and its copy stays in eval mode; the engine trains it under --dp all the
+    same (Opacus refuses a model in eval mode)."""
+    config = TrainConfig(**DIGITS, extra={"converted": _saved(tmp_path, _trained_like())}, max_updates=2, dp=True,
+                         target_epsilon=8.0)
+    result = fit(config, progress=False)
+    assert result.outcome == "completed"
+    assert 0 < result.privacy["epsilon"] <= 8.0 + 1e-6
+
+
+def test_converted_refuses_a_norm_and_a_missing_file(tmp_path) -> None:
+    path = _saved(tmp_path, _trained_like())
+    config = TrainConfig(**DIGITS, norm="batchnorm", extra={"converted": path})
+    with pytest.raises(ValueError, match="as saved, without normalisation"):
+        ImageClassification(config).build_model(config)
+    config = TrainConfig(**DIGITS, extra={"converted": str(tmp_path / "missing.pt")})
+    with pytest.raises(ValueError, match="no file"):
+        ImageClassification(config).build_model(config)
+    config = TrainConfig(**{**DIGITS, "depth": 14}, extra={"converted": path})  # another architecture
+    with pytest.raises(ValueError, match="does not fit"):
+        ImageClassification(config).build_model(config)
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("transfer_benchmark", ROOT / "benchmarks" / "transfer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_opacus
+def test_the_routes_start_from_the_trained_function_where_they_keep_it(one_thread) -> None:
+    """converted and bn_frozen compute the pre-trained model's eval function; groupnorm does not (Opacus's route)."""
+    bench = _benchmark()
+    torch.manual_seed(0)
+    model = _trained_like()
+    model.fc = nn.Linear(model.fc.in_features, 5)
+    x = torch.randn(16, 1, 8, 8)
+    with torch.no_grad():
+        ref = model.eval()(x)
+        for route, same in (("converted", True), ("bn_frozen", True), ("groupnorm", False)):
+            out = bench.route_model(route, model, 8, 0)
+            assert out.training  # handed to the engine in train mode
+            change = ((out(x) - ref).norm() / ref.norm()).item()  # frozen: train mode computes the eval function
+            assert (change < 1e-5) == same, (route, change)
+
+
+@needs_opacus
+def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
+    bench = _benchmark()
+    out = bench.main(["--smoke", "--seeds", "0", "--json", str(tmp_path / "t.json")])
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["command"].startswith("PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/transfer.py --smoke")
+    cells = {(r["route"], r["setting"]): r for r in out["rows"]}
+    assert len(cells) == 15
+    assert "per-example gradients are undefined" in cells["bn_train", "dp"]["refused"]
+    assert all("test" in r for k, r in cells.items() if k != ("bn_train", "dp"))
+    assert "| converted |" in saved["table"]
+    pooled = bench.pooled(saved, saved).splitlines()  # a run pooled with itself: each seed once, the lead paired
+    assert len(pooled) == 2 + 3 * 4 - 1  # header, separator, 4 routes a setting, no BatchNorm in train mode under dp
