@@ -73,6 +73,15 @@ def test_the_transformer_has_a_dyt_where_each_layernorm_was(pre_norm: bool) -> N
     assert all(m.alpha.item() == 0.5 for m in model.modules() if isinstance(m, DyT))
 
 
+def test_post_norm_dyt_warns_with_the_measurement_and_pre_norm_does_not() -> None:
+    with pytest.warns(fixup.FixupWarning, match=r"post-norm DyT .* test BLEU 0.1 / 0.0 .* pre_norm=True") as seen:
+        model = fixup.create_model("transformer_tiny", method="dyt")
+    assert len(seen) == 1 and model.init_report.warnings == [str(seen[0].message)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fixup.FixupWarning)
+        assert not fixup.create_model("transformer_tiny", method="dyt", pre_norm=True).init_report.warnings
+
+
 def _copy_task(model: nn.Module, steps: int) -> list[float]:
     g = torch.Generator().manual_seed(0)
     src = torch.randint(3, 40, (16, 6), generator=g)
