@@ -188,6 +188,16 @@ def test_adapt_puts_a_dyt_in_each_layernorm_s_place_keeping_its_affine_and_every
     assert report.private.startswith("ready for private training")
 
 
+def test_the_lab_measures_the_stream_of_a_dyt_adapted_model_at_the_same_blocks() -> None:
+    from fixup.lab.signal import compare_signal
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fixup.FixupWarning)
+        signal = compare_signal(_Tokens(), torch.randn(4, 5, 8), method="dyt")
+    assert set(signal) == {"normalised", "adapted"}
+    assert [s.name for s in signal["adapted"].stages] == [s.name for s in signal["normalised"].stages]
+
+
 def test_adapt_dyt_takes_no_initialiser_option_and_no_trunk() -> None:
     for kw, words in (({"mode": "fan_in"}, "mode= sets"), ({"trunk": "none"}, "trunk='none'"),
                       ({"gate_biases": True}, "gate_biases=True")):
