@@ -94,9 +94,10 @@ def test_gates_learn_at_the_weights_rate_and_the_report_round_trips() -> None:
 
 
 def test_an_unsupported_method_is_refused_with_the_list() -> None:
-    with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero'\), got method='lsuv'"):
+    with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero', 'dyt'\), got "
+                                         r"method='lsuv'"):
         fixup.adapt(TinyEfficientNet(), _x(), method="lsuv")
-    assert fixup.ADAPT_METHODS == ("fixup", "skipinit", "rezero")
+    assert fixup.ADAPT_METHODS == ("fixup", "skipinit", "rezero", "dyt")
 
 
 def _small_x() -> torch.Tensor:
@@ -135,8 +136,12 @@ _TABLE = [n for n in ZOO if n.split(" ")[0] in ("resnet18", "regnetx_002", "effi
           and ZOO[n].source in ("timm", "torchvision (architecture)")]
 
 
+# The methods that rewrite residual branches (DyT changes only the LayerNorms: tests/test_dyt.py runs it on the table).
+_BRANCH_METHODS = [m for m in fixup.ADAPT_METHODS if fixup.METHODS[m].adapt != "dyt"]
+
+
 @pytest.mark.parametrize("name", _TABLE)
-@pytest.mark.parametrize("method", fixup.ADAPT_METHODS)
+@pytest.mark.parametrize("method", _BRANCH_METHODS)
 def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str, method: str) -> None:
     entry = ZOO[name]
     _needs(entry.needs)
@@ -184,6 +189,7 @@ _REFUSED = {
        for o in ("depth_scaling", "rescale")},
     **{(m, o): ("a gate, not Fixup's scalars", "method='fixup'") for m in ("skipinit", "rezero")
        for o in ("expect_biases", "expect_scale")},
+    **{("dyt", o): ("changes nothing else", "method='fixup'") for o in _OPTIONS},
 }
 
 

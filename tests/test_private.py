@@ -66,7 +66,7 @@ STAND_IN = {**{n: "cifar" for n in ("resnet_cifar", "resnet20", "resnet32", "res
 METHODS = {"cifar": ("fixup", "skipinit", "rezero", "nf_resnet"), "basic": ("fixup", "skipinit", "rezero", "nf_resnet"),
            "bottleneck": ("fixup", "skipinit", "rezero", "nf_resnet"), "wide": ("fixup", "skipinit", "rezero",
                                                                                 "nf_resnet"),
-           "transformer": ("fixup", "skipinit", "rezero", "t_fixup")}
+           "transformer": ("fixup", "skipinit", "rezero", "t_fixup", "dyt")}
 
 
 def _method(name: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from torch import nn
 
 import fixup
 from fixup.branch import find_branches
-from fixup.nn import Gate
+from fixup.nn import DyT, Gate
 from fixup.report import FixupReport, GateReport, LayerRecord, NFReport, TFixupReport, describe_norm
 
 # Builders small enough to initialise for real in a test (the others are checked on the meta device).
@@ -21,7 +21,7 @@ SMALL = {"resnet_cifar": {"depth": 8}, "resnet20": {}, "wide_resnet": {"depth": 
 
 # One method per combination of what decides the modules (norm, biases, multiplier, stream bias).
 STRUCTURAL = ("fixup", "fixup_no_stream_bias", "fixup_no_bias", "fixup_no_scale", "he", "batchnorm", "groupnorm",
-              "layernorm", "rezero")
+              "layernorm", "rezero", "dyt")
 
 
 def _accepts(name: str, methods: tuple[str, ...] | None = None) -> list[str]:
@@ -54,6 +54,7 @@ def _check_modules(model: nn.Module, method: fixup.Method) -> None:
     assert len(streams) == (len(branches) if method.has_stream_bias and branches[0].kind in
                             ("basic", "bottleneck", "wide-basic") else 0)
     assert bool(norms) == (method.norm in ("batchnorm", "groupnorm", "layernorm"))
+    assert any(isinstance(m, DyT) for m in model.modules()) == (method.norm == "dyt")
     report = model.init_report
     assert report.method == method.init if method.fixup else report.method == method.name
     assert isinstance(report, FixupReport) == method.fixup

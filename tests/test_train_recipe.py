@@ -14,7 +14,7 @@ from fixup.cli import main
 from fixup.train import TrainConfig, fit
 from fixup.train.cli import config_from_args
 from fixup.train.optim import lr_factor
-from fixup.train.recipe import apply_recipe
+from fixup.train.recipe import apply_recipe, config_method
 
 # Two plain SGD steps at lr 1 on a small NF-ResNet: big enough steps that AGC (lambda 0.01) has work to do.
 _NF = dict(model="resnet_cifar", depth=8, batch_size=64, max_updates=2, momentum=0.0, weight_decay=0.0, lr=1.0,
@@ -91,6 +91,18 @@ def test_t_fixup_trains_without_warm_up_unless_one_is_given() -> None:
     assert recipe.warmup_from == "explicit" and "although t_fixup's recipe has no warm-up" in recipe.notes[1]
     assert translation_config("tiny").warmup_steps == 100  # Fixup and LayerNorm keep the recipe's warm-up
     assert translation_config("tiny", norm="layernorm").warmup_steps == 100
+
+
+def test_dyt_trains_as_the_layernorm_model() -> None:
+    """Zhu et al. (2025) train DyT with the LayerNorm model's recipe: only the norm differs."""
+    from fixup.translation.task import translation_config
+
+    dyt, ln = translation_config("tiny", init="dyt"), translation_config("tiny", norm="layernorm")
+    assert (dyt.norm, dyt.init, config_method(dyt).name) == ("dyt", "xavier", "dyt")
+    differ = {k for k in vars(ln) if getattr(ln, k) != getattr(dyt, k)}
+    assert differ <= {"norm", "init"}, differ
+    (_, recipe), (_, ln_recipe) = apply_recipe(dyt), apply_recipe(ln)
+    assert (recipe.method, recipe.clip, recipe.warmup_steps) == ("dyt", ln_recipe.clip, ln_recipe.warmup_steps)
 
 
 @pytest.mark.parametrize(("init", "norm"), [("rezero", "none"), ("skipinit", "none"), ("nf_resnet", "none"),

@@ -12,6 +12,7 @@ from ._adapt import (
     TRUNK_RULES,
     AdaptError,
     AdaptReport,
+    DyTAdaptReport,
     GateAdaptReport,
     adapt,
     load_original,
@@ -34,7 +35,7 @@ from .groups import param_groups
 from .init import branch_scale, fixup_init_
 from .method import METHODS, Method, resolve_method
 from .models import create_model, list_models, register_model
-from .nn import Bias, Gate, Scale, residual_add
+from .nn import Bias, DyT, Gate, Scale, residual_add
 from .perf.checkpointing import enable_checkpointing
 from .perf.fold import fold_for_inference
 from .report import FixupReport, FixupWarning, InitReport
@@ -52,6 +53,8 @@ __all__ = [
     "ConvertError",
     "ConvertReport",
     "ConvertWarning",
+    "DyT",
+    "DyTAdaptReport",
     "FixupClassifier",
     "FixupReport",
     "FixupWarning",

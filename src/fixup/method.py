@@ -35,6 +35,10 @@ The methods (Zhang, Dauphin & Ma, ICLR 2019, sections 3-5 and appendix):
   ``nf_resnet_nozero`` is the block as the paper analyses it, without the zero-started gain) and ``t_fixup``
   (Huang et al. 2020: the Transformer without LayerNorm or warm-up, its value, output and MLP weights and
   embeddings scaled by depth).
+- ``norm="dyt"``: ``dyt``, Dynamic Tanh (Zhu, Chen, He, LeCun & Liu, CVPR 2025): every LayerNorm of the Transformer
+  replaced, where it stood, by ``gamma * tanh(alpha * x) + beta`` (:class:`fixup.nn.DyT`), alpha one learnable scalar
+  per layer from :data:`DYT_ALPHA`, gamma 1 and beta 0 per channel; otherwise the LayerNorm baseline (Xavier,
+  the same recipe). :func:`fixup.adapt` puts one in place of each LayerNorm of a model written elsewhere.
 
 Each row names its *initialiser*: the module of :mod:`fixup.init` that initialises a model for it
 (``fixup``, ``baselines``, ``lsuv``, ``gates``, ``nf_resnet``, ``t_fixup``: the keys of ``fixup.init.INITIALISERS``).
@@ -50,10 +54,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["ADAPT_FORMS", "ADAPT_METHODS", "AGC_RULES", "CLIPPINGS", "DEFAULT_INIT", "FAMILIES", "FAN_MODES",
-           "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
+__all__ = ["ADAPT_FORMS", "ADAPT_METHODS", "AGC_RULES", "CLIPPINGS", "DEFAULT_INIT", "DYT_ALPHA", "FAMILIES",
+           "FAN_MODES", "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
+# Dynamic Tanh's alpha0 (Zhu et al., CVPR 2025, "Initialization of alpha"): 0.5 for every non-LLM model they train,
+# which they find insensitive to it; only their LLMs take other values, tuned per width (LLaMA 7B: 0.8 before
+# attention, 0.2 elsewhere; their released LLaMA code).
+DYT_ALPHA = 0.5
 # Where the bias that ends each residual branch sits and how it learns:
 #   "budget": on the stream; all stream biases together learn at one scalar's rate (our default);
 #   "paper":  on the stream, at the scalar rate each (the authors' parameterisation);
@@ -71,8 +79,9 @@ FAMILIES = {
 # How fixup.adapt applies a method to a model written elsewhere:
 #   "":      it does not (the method needs the library's own blocks, or is a baseline: train the model as written);
 #   "fixup": every normalisation becomes a scalar bias (or goes), the Fixup rule (fixup.fixup_init_);
-#   "gate":  every normalisation goes, each branch ends in a gate at 0, drawn by the method's initialiser.
-ADAPT_FORMS = ("", "fixup", "gate")
+#   "gate":  every normalisation goes, each branch ends in a gate at 0, drawn by the method's initialiser;
+#   "dyt":   every LayerNorm becomes a DyT where it stood (its affine kept), nothing else changes (Method.dyt_alpha).
+ADAPT_FORMS = ("", "fixup", "gate", "dyt")
 # Gradient clipping: the one vocabulary of the method table (Method.clip: "" when the method prescribes none), of
 # the training config (TrainConfig.clip, which adds "auto": the method's own, else "norm") and of the recipe the
 # engine applies (fixup.train.recipe). Each with what it is, as a recipe's note says it.
@@ -134,6 +143,7 @@ class Method:
     # asks for it (fixup train --drop-path -1), so that no committed result changes (fixup.train.recipe).
     drop_path: float = 0.0
     summary: str = ""  # the line its initialisation report opens with, in its paper's words (the gated methods)
+    dyt_alpha: float = 0.0  # DyT's alpha0 where the method puts a DyT in each LayerNorm's place (norm "dyt"); else 0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -158,6 +168,9 @@ class Method:
             raise ValueError(f"rescale must be a positive finite number, got {self.rescale!r}")
         if self.stem_mode not in FAN_MODES:
             raise ValueError(f"stem_mode must be one of {FAN_MODES}, got {self.stem_mode!r}")
+        if (self.norm == "dyt") != (self.dyt_alpha > 0) or not math.isfinite(self.dyt_alpha):
+            raise ValueError(f"a DyT method (norm='dyt') needs dyt_alpha > 0 and no other has one, got norm="
+                             f"{self.norm!r} with dyt_alpha={self.dyt_alpha!r}")
         if self.zero_init_last_norm and self.norm not in ("batchnorm", "groupnorm"):
             raise ValueError(f"zero_init_last_norm applies to norm='batchnorm' or 'groupnorm', not "
                              f"norm={self.norm!r}")
@@ -247,14 +260,22 @@ _ALL: tuple[Method, ...] = (
     Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
            "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
            initialiser="t_fixup", family="transformer", warmup=False),
+    # Zhu et al. (CVPR 2025): DyT where each LayerNorm was, trained as the LayerNorm model (their code changes only
+    # the layer); the Transformer's linear layers as the LayerNorm baseline's (fairseq's Xavier). Their Limitations
+    # report that DyT does not replace BatchNorm: adapt refuses a model with BatchNorm (docs/methods.md).
+    Method("dyt", "xavier", "Dynamic Tanh (Zhu et al. 2025): every LayerNorm replaced where it stood by gamma * "
+           f"tanh(alpha x) + beta, alpha a learnable scalar from {DYT_ALPHA:g}, gamma 1, beta 0; Xavier-initialised "
+           "linear layers, the LayerNorm baseline's recipe", family="transformer", adapt="dyt", dyt_alpha=DYT_ALPHA),
 )
 # Every method by name: "fixup" and its variants, "he" (alias "none"), "xavier", "lsuv", "sqrt2",
 # "batchnorm", "groupnorm", "layernorm", "skipinit", "skipinit_he", "rezero", "nf_resnet", "nf_resnet_nozero",
-# "t_fixup".
+# "t_fixup", "dyt".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
-# The methods fixup.adapt applies (Method.adapt): Fixup, and those whose only structural change is a gate per branch.
+# The methods fixup.adapt applies (Method.adapt): Fixup, those whose only structural change is a gate per branch, and
+# DyT in place of each LayerNorm.
 ADAPT_METHODS = tuple(name for name, m in METHODS.items() if m.adapt)
-DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier"}
+DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier",
+                "dyt": "xavier"}
 _ALIASES = {"none": "he", "bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm"}
 
 

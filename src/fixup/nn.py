@@ -7,7 +7,8 @@ layer and element-wise activation. These are single numbers shared by the whole 
 per-channel parameters as in a normalisation layer's affine transform. SkipInit (De & Smith 2020)
 and ReZero (Bachlechner et al. 2020) multiply each branch by a :class:`Gate`: the same scalar
 multiplier, starting at 0. NF-ResNets (Brock, De & Smith, ICLR 2021) replace normalisation by
-:class:`ScaledStdConv2d` and :class:`ScaledReLU`.
+:class:`ScaledStdConv2d` and :class:`ScaledReLU`. Dynamic Tanh (Zhu, Chen, He, LeCun & Liu, CVPR 2025) replaces each
+LayerNorm by :class:`DyT`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RELU_GAMMA", "Bias", "Gate", "InplaceReLU", "Scale", "ScaledReLU", "ScaledStdConv2d",
+from .method import DYT_ALPHA
+
+__all__ = ["DYT_ALPHA", "RELU_GAMMA", "Bias", "DyT", "Gate", "InplaceReLU", "Scale", "ScaledReLU", "ScaledStdConv2d",
            "check_residual_shapes", "inplace_safe", "residual_add"]
 
 # Brock, De & Smith (2021), section 4: the gain that gives ReLU's output unit variance on a unit Gaussian input,
@@ -156,3 +159,42 @@ class ScaledStdConv2d(nn.Conv2d):
 
     def forward(self, x: Tensor) -> Tensor:
         return self._conv_forward(x, self.standardized_weight(), self.bias)
+
+
+def _along(v: Tensor, x: Tensor, dim: int) -> Tensor:
+    """``v`` (one value per channel) shaped to broadcast along ``x``'s dimension ``dim``, in ``x``'s dtype."""
+    shape = [1] * x.dim()
+    shape[dim] = -1
+    return v.to(x.dtype).view(shape)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh, ``weight * tanh(alpha * x) + bias`` element-wise (Zhu, Chen, He, LeCun & Liu, "Transformers
+    without Normalization", CVPR 2025, eq. 1), in place of a LayerNorm.
+
+    ``alpha`` is one learnable scalar that starts at ``alpha`` (:data:`DYT_ALPHA`, the paper's 0.5); ``weight`` and
+    ``bias`` are per channel, ones and zeros, the LayerNorm's affine. Channels lie along ``dim``: -1 for tokens
+    (B, T, C), 1 for images (N, C, H, W). Each example is computed alone: nothing couples the examples of a batch.
+    """
+
+    def __init__(self, num_channels: int, dim: int = -1, alpha: float = DYT_ALPHA) -> None:
+        super().__init__()
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"DyT's alpha must be a positive finite number, got {alpha!r}")
+        self.dim, self.alpha0 = dim, float(alpha)
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
+        self.weight = nn.Parameter(torch.ones(num_channels))
+        self.bias = nn.Parameter(torch.zeros(num_channels))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.alpha.fill_(self.alpha0)
+            self.weight.fill_(1.0)
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha.to(x.dtype) * x)
+        return y * _along(self.weight, x, self.dim) + _along(self.bias, x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, dim={self.dim}, alpha0={self.alpha0:g}"

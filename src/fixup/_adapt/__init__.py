@@ -18,6 +18,9 @@ of the same class, in which (:mod:`fixup._adapt._rewrite`)
   each with its measured output RMS, and the stream's RMS stage by stage (:mod:`fixup.lab.signal`).
 
 Its methods, attributes and the ``state_dict`` keys of every weight layer stay as they were.
+
+``method="dyt"`` is another kind of change: every LayerNorm becomes a :class:`fixup.nn.DyT` where it stood, and
+nothing else changes (:mod:`fixup._adapt._dyt`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..method import ADAPT_METHODS
 from ..report import InitReport, warn_report
 from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
+from ._dyt import DyTAdaptReport, DyTRecord, adapt_dyt
 from ._graph import AdaptError, Analysis, Residual, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk
 from ._options import Chosen, check_options
@@ -46,8 +50,9 @@ from ._rewrite import Rewriter
 from ._trunk import TRUNK_RULES, TrunkRecord, trunk_init_
 from ._weights import WeightsLoaded, load_original, untie_
 
-__all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "GateAdaptReport", "NormChange",
-           "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
+__all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "DyTAdaptReport", "DyTRecord",
+           "GateAdaptReport", "NormChange", "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original",
+           "trunk_init_"]
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -123,7 +128,7 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
           untie_weights: bool = True, state_dict: Mapping[str, Tensor] | None = None,
           generator: torch.Generator | None = None, mode: str | None = None, trunk: str = "lsuv", method: str = "fixup",
           gate_biases: bool = False, leaf_modules: tuple[type[nn.Module], ...] = (), private: bool = False,
-          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport]:
+          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport | DyTAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
 
     With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
@@ -131,6 +136,11 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     normal from the fan-in, the classifier at 0; ReZero: He) unscaled, no branch layer is zeroed, and every
     normalisation is removed without a bias in its place (``gate_biases=True`` puts Fixup's scalar biases there;
     see docs/methods.md); the report is a :class:`GateAdaptReport`.
+
+    With ``method="dyt"`` (Dynamic Tanh, Zhu et al. 2025) the copy has a :class:`fixup.nn.DyT` in place of every
+    LayerNorm (and ``nn.RMSNorm``), alpha from 0.5, gamma and beta the norm's own affine, and nothing else changed;
+    a model with BatchNorm and no LayerNorm is refused (DyT does not replace BatchNorm: measured, docs/methods.md).
+    It takes ``strict``, ``state_dict`` and ``private``; the report is a :class:`DyTAdaptReport`.
 
     Args:
         model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
@@ -160,7 +170,8 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
             shortcuts, downsampling layers, blocks without a skip), one of ``TRUNK_RULES``: ``"lsuv"`` (default)
             scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
             He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
-        method: ``"fixup"`` (default) or one of the gated methods of ``fixup.METHODS`` (``ADAPT_METHODS``).
+        method: ``"fixup"`` (default), one of the gated methods of ``fixup.METHODS``, or ``"dyt"``
+            (``ADAPT_METHODS``).
         gate_biases: under a gated method, put a scalar bias where a removed normalisation stood before an
             activation or inside a branch, as Fixup does (``True``), or none (``False``, the default: neither
             paper adds one, and the biases did not train better, docs/methods.md). Fixup keeps its biases (rule
@@ -175,6 +186,11 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     stage outside ``SIGNAL_BAND`` (0.5x to 2x) or a trunk layer no rule could set.
     """
     chosen = check_options(method, trunk, gate_biases, mode, init_options)  # before the model runs
+    if chosen.method.adapt == "dyt":
+        copied, dyt_report = adapt_dyt(model, as_inputs(example_input), chosen.method, strict=strict,
+                                       state_dict=state_dict)
+        dyt_report.private = _private_readiness(copied, as_inputs(example_input), private)
+        return copied, dyt_report
     gated = chosen.method.adapt == "gate"
     seen = _record_model(model, as_inputs(example_input), strict, leaf_modules)
     source, args = seen.source, seen.args

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..method import ADAPT_METHODS
+from ..method import ADAPT_METHODS, METHODS
 from ._options import check_options
 from ._trunk import TRUNK_RULES
 
@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
                          "--input-shape 2,3,224,224), or let the factory return (model, example_input)")
     adapted, report = adapt(model, example, strict=not args.lenient, method=method, trunk=trunk)
     params = sum(p.numel() for p in adapted.parameters())
-    print(f"{args.adapt} adapted to {'Fixup' if method == 'fixup' else method} (trunk {trunk}): {params:,} parameters")
-    print(report.format(max_branches=len(report.branches) if args.verbose else 12))
+    how = "" if METHODS[method].adapt == "dyt" else f" (trunk {trunk})"  # DyT sets no trunk layer
+    print(f"{args.adapt} adapted to {'Fixup' if method == 'fixup' else method}{how}: {params:,} parameters")
+    branches = getattr(report, "branches", None)  # a DyT report has none: every LayerNorm replaced, listed whole
+    print(str(report) if branches is None else report.format(max_branches=len(branches) if args.verbose else 12))
     if args.json:
         write_json(args.json, {"adapt": args.adapt, "method": method, "trunk": trunk, "parameters": params,
                                "report": report.to_dict()})

@@ -77,10 +77,6 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
     if trunk not in TRUNK_RULES:
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
     chosen = adapted_method(method)
-    gated = chosen.adapt == "gate"
-    if not gated and gate_biases:
-        raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
-                         f"always has its scalar biases (rule 3): leave gate_biases out for method={chosen.name!r}")
     given = {k: v for k, v in {**options, "mode": mode}.items() if v is not None}  # None: not given
     for key in given:
         _check_known(key)
@@ -89,6 +85,12 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
             raise ValueError(f"{key} must be one of {FAN_MODES}, got {given[key]!r}")
     if "base" in given and given["base"] not in BASE_INITS:
         raise ValueError(f"base must be one of {BASE_INITS}, got {given['base']!r}")
+    if chosen.adapt == "dyt":
+        return _check_dyt(chosen, trunk, gate_biases, given)
+    gated = chosen.adapt == "gate"
+    if not gated and gate_biases:
+        raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
+                         f"always has its scalar biases (rule 3): leave gate_biases out for method={chosen.name!r}")
     if not gated:
         return Chosen(chosen, {"mode": "fan_out", **given})
     takes = _STANDARD_DRAW if chosen.draw == "standard" else ()
@@ -99,6 +101,23 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
     if stem_mode is not None:  # a field of the method: the gated initialiser reads it from there
         chosen = dataclasses.replace(chosen, stem_mode=stem_mode)
     return Chosen(chosen, given)
+
+
+def _check_dyt(chosen: Method, trunk: str, gate_biases: bool, given: dict[str, Any]) -> Chosen:
+    """DyT changes nothing but the LayerNorms: it draws no weight, declares no branch and no trunk."""
+    head = (f"method={chosen.name!r} puts a DyT in place of each LayerNorm and changes nothing else (no weight drawn, "
+            "no branch or trunk)")
+    if given:
+        key = next(iter(given))
+        raise ValueError(f"{key}= sets {INIT_OPTIONS[key]}, which does not apply: {head}. Leave {key} out, or use "
+                         "method='fixup'")
+    if trunk != TRUNK_RULES[0]:
+        raise ValueError(f"trunk={trunk!r} sets the rule for the weight layers outside the branches, which does not "
+                         f"apply: {head}. Leave trunk out")
+    if gate_biases:
+        raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'): {head}. "
+                         "Leave gate_biases out")
+    return Chosen(chosen, {})
 
 
 def _check_known(key: str) -> None:

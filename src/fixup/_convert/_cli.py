@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .._adapt import ADAPT_METHODS
     from . import PER_EXAMPLE_OPTIONS
+    from ._pipeline import BRANCH_METHODS
 
     p = sub.add_parser("convert", help="convert a trained model to run without normalisation, keeping its function "
                                        "(BatchNorm folded exactly; LayerNorm/GroupNorm by a measured option)")
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "factory's example input)")
     p.add_argument("--token-inputs", type=int, default=0, metavar="VOCAB",
                    help="example inputs are token ids below VOCAB instead of normal floats (default: 0, floats)")
-    p.add_argument("--method", default="fixup", choices=ADAPT_METHODS,
+    p.add_argument("--method", default="fixup", choices=BRANCH_METHODS,
                    help="the scalars to insert at identity: fixup (Scale 1, Bias 0) or a gate at 1 per branch")
     p.add_argument("--per-example-norms", default="refuse", choices=PER_EXAMPLE_OPTIONS,
                    help="what LayerNorm/GroupNorm become: refuse (an error naming them), affine (a per-channel "

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._adapt._modules import keep_tail, run_tail
+from ..nn import DyT
 
 __all__ = ["ChannelAffine", "DynamicTanh", "FusedAffineTail"]
 
@@ -49,22 +50,7 @@ class ChannelAffine(nn.Module):
         return f"{self.weight.numel()}, dim={self.dim}"
 
 
-class DynamicTanh(nn.Module):
-    """``weight * tanh(alpha * x) + bias``, element-wise; ``alpha`` one scalar, ``weight``/``bias`` per channel."""
-
-    def __init__(self, num_channels: int, dim: int = -1, alpha: float = 0.5) -> None:
-        super().__init__()
-        self.dim = dim
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha)))
-        self.weight = nn.Parameter(torch.ones(num_channels))
-        self.bias = nn.Parameter(torch.zeros(num_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.tanh(self.alpha.to(x.dtype) * x)
-        return y * _along(self.weight, x, self.dim) + _along(self.bias, x, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.numel()}, dim={self.dim}"
+DynamicTanh = DyT  # the one Dynamic Tanh layer (fixup.nn.DyT), under the name convert has always given it
 
 
 class FusedAffineTail(ChannelAffine):

@@ -20,6 +20,10 @@ from ._norms import PER_EXAMPLE_OPTIONS
 from ._replace import Conversion, plan_norms, record_copy, replace_norms
 from ._report import ConvertError, ConvertReport, ConvertWarning, NormFate, TrainModeWarning
 
+# The methods of adapt whose scalars convert inserts at identity on each branch (Fixup's, or a gate); DyT changes the
+# norms instead, which convert does by per_example_norms="dyt".
+BRANCH_METHODS = tuple(m for m in ADAPT_METHODS if METHODS[m].adapt in ("fixup", "gate"))
+
 __all__ = ["TOLERANCE", "convert"]
 
 TOLERANCE = 1e-5  # an exact conversion's largest output change, x the output's RMS (float32 rounding: ~1e-7/layer)
@@ -64,8 +68,10 @@ def _spec_inputs(args: tuple[Tensor, ...]) -> list[dict[str, Any]]:
 
 
 def _check_options(method: str, per_example_norms: str) -> None:
-    if method not in ADAPT_METHODS:
-        raise ValueError(f"method must be one of {ADAPT_METHODS}, got {method!r}")
+    if method not in BRANCH_METHODS:
+        dyt = ("; Dynamic Tanh in place of LayerNorm is per_example_norms='dyt' (alpha fitted to the trained layer)"
+               if method in ADAPT_METHODS else "")
+        raise ValueError(f"method must be one of {BRANCH_METHODS}, got {method!r}{dyt}")
     if per_example_norms not in PER_EXAMPLE_OPTIONS:
         raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_OPTIONS}, got {per_example_norms!r}")
 

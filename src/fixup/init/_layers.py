@@ -9,7 +9,7 @@ from torch import nn
 
 from ..branch import WEIGHT_LAYERS, WeightSlice
 from ..method import Method
-from ..nn import Bias, Scale
+from ..nn import Bias, DyT, Scale
 from ..report import LayerRecord, describe_norm
 from .fans import BASE_INITS, base_std, groups_of
 
@@ -118,6 +118,8 @@ def reset_norms_and_scalars(model: nn.Module) -> int:
         elif isinstance(mod, (Bias, Scale)):
             mod.reset_parameters()
             scalars += 1
+        elif isinstance(mod, DyT):  # Dynamic Tanh in a LayerNorm's place: alpha at its alpha0, gamma 1, beta 0
+            mod.reset_parameters()
     return scalars
 
 

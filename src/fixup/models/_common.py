@@ -43,14 +43,14 @@ def check_method(method: Method | str, allowed: tuple[str, ...], model: str, fam
     """``method`` as a :class:`Method`, after checking that ``model`` (of ``family``, a key of
     :data:`fixup.method.FAMILIES`) builds its norm (one of ``allowed``) and is of a family it applies to."""
     method = as_method(method)
-    if method.norm not in allowed:
-        raise ValueError(f"norm={method.norm!r} is not available for {model}; choose one of {', '.join(allowed)}")
     if method.family not in ("any", family):
         usable = [m for m in METHODS.values() if m.family in ("any", family) and m.norm in allowed]
         names = ["the Fixup forms"] * any(m.fixup for m in usable) + [m.name for m in usable if not m.fixup]
         raise ValueError(f"{method.name} is not available for {model}: it applies to {FAMILIES[method.family]} only "
                          f"(fixup.create_model({_EXAMPLE[method.family]!r}, method={method.name!r})); {model} is "
                          f"built for {', '.join(names)}")
+    if method.norm not in allowed:
+        raise ValueError(f"norm={method.norm!r} is not available for {model}; choose one of {', '.join(allowed)}")
     return method
 
 

@@ -21,7 +21,8 @@ forward pass) and are left alone by ``fixup_init_``, which lists them in its rep
 embeddings scaled by each stack's depth (:mod:`fixup.init.t_fixup`, through :meth:`Transformer.stacks`).
 
 ``norm="layernorm"`` is the paper's baseline: post-norm (fairseq's default) or, with ``pre_norm=True``,
-pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers with biases.
+pre-norm with a final LayerNorm on each stack; Xavier-initialised linear layers with biases. ``norm="dyt"`` (Zhu et
+al., CVPR 2025) is the same model with a :class:`fixup.nn.DyT` at each of those places instead of the LayerNorm.
 
 The config and the two residual blocks (each with its lean forward and its folding) live in
 :mod:`fixup.models.transformer_blocks`; this module assembles the encoder-decoder model.
@@ -38,12 +39,14 @@ from torch import Tensor, nn
 
 from ..init import describe_init, initialise_
 from ..method import Method, as_method
-from ..nn import Bias, Scale
+from ..nn import Bias, DyT, Scale
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import scalar_value
+from ..report import warn_report
 from ._common import check_method, name_blocks
 from ._registry import register_model
 from .transformer_blocks import (
+    NORMED,
     TRANSFORMER_NORMS,
     AttentionBlock,
     Cache,
@@ -52,9 +55,16 @@ from .transformer_blocks import (
     _maybe,
     causal_mask,
     sinusoidal_positions,
+    token_norm,
 )
 
 __all__ = ["TRANSFORMER_NORMS", "Transformer", "TransformerConfig", "causal_mask", "sinusoidal_positions"]
+
+# benchmarks/results/dyt_translation.json: transformer_tiny on the tiny translation recipe, seeds 0 and 1.
+POST_NORM_DYT = ("post-norm DyT (DyT after each residual sum, where this Transformer's LayerNorm stands by default) "
+                 "is not its authors' layout, and did not learn the tiny translation recipe: test BLEU 0.1 / 0.0 "
+                 "(seeds 0, 1) where pre-norm DyT reached 94.9 / 94.1 and post-norm LayerNorm 93.4 / 91.2; build it "
+                 "with pre_norm=True (docs/methods.md)")
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward: two residual branches."""
@@ -124,22 +134,28 @@ class Transformer(nn.Module):
         biases, scale = fixup and method.biases, fixup and method.scale
         self.encoder_bias, self.encoder_scale = _maybe(Bias, biases), _maybe(Scale, scale)
         self.decoder_bias = _maybe(Bias, biases)
-        self.encoder_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
-        self.decoder_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
+        self.encoder_norm = token_norm(method, d, cfg.pre_norm)
+        self.decoder_norm = token_norm(method, d, cfg.pre_norm)
         self.output = nn.Linear(d, cfg.tgt_vocab, bias=False)
         name_blocks(self)
         stds = self.reset_parameters(generator)  # embeddings (and, for the baseline, everything) from `generator`
-        if method.norm != "layernorm":  # the Fixup rule, the gates (from Xavier, init_base) or T-Fixup
+        if method.norm not in NORMED:  # the Fixup rule, the gates (from Xavier, init_base) or T-Fixup
             self.init_report = initialise_(self, method, generator=generator)
         else:
+            dyt = (f"; a DyT (alpha {method.dyt_alpha:g}, gamma 1, beta 0) where each LayerNorm was"
+                   if method.norm == "dyt" else "")
             self.init_report = describe_init(self, method.name, "fairseq: Xavier-uniform linear layers, zero "
-                                             "biases, N(0, d^-1/2) embeddings and output projection", stds)
+                                             f"biases, N(0, d^-1/2) embeddings and output projection{dyt}", stds)
+            if method.norm == "dyt" and not cfg.pre_norm:
+                self.init_report.warnings.append(POST_NORM_DYT)
+                warn_report(self.init_report)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> dict[str, float]:
         """fairseq's initialisation: Xavier-uniform linear layers with zero biases (Q, K and V with the fans of
         the (3d, d) matrix fairseq draws them as), N(0, d^-1/2)
-        embeddings and output projection, zero padding embedding, unit LayerNorm gains. Returns the std
+        embeddings and output projection, zero padding embedding, unit LayerNorm gains (DyT: alpha at its alpha0,
+        gamma 1, beta 0). Returns the std
         each linear layer was drawn with, by name."""
         d = self.cfg.d_model
         stds = {}
@@ -153,7 +169,7 @@ class Transformer(nn.Module):
             elif isinstance(mod, nn.Embedding):
                 mod.weight.normal_(0.0, d ** -0.5, generator=generator)
                 mod.weight[self.cfg.pad_id].zero_()
-            elif isinstance(mod, (nn.LayerNorm, Bias, Scale)):
+            elif isinstance(mod, (nn.LayerNorm, DyT, Bias, Scale)):
                 mod.reset_parameters()
         self.output.weight.normal_(0.0, d ** -0.5, generator=generator)
         stds["output"] = d ** -0.5

@@ -18,15 +18,17 @@ from torch import Tensor, nn
 
 from ..branch import Branch
 from ..method import Method
-from ..nn import Bias, Scale, residual_add
+from ..nn import Bias, DyT, Scale, residual_add
 from ..perf.fold import count_scalars, fold_layer
 from ..perf.ops import lean_linear, lean_residual_, observed, plain_linear, scalar_value
 from ._common import branch_multiplier
 
-__all__ = ["TRANSFORMER_NORMS", "AttentionBlock", "Cache", "FeedForwardBlock", "TransformerConfig", "causal_mask",
-           "sinusoidal_positions"]
+__all__ = ["NORMED", "TRANSFORMER_NORMS", "AttentionBlock", "Cache", "FeedForwardBlock", "TransformerConfig",
+           "causal_mask", "sinusoidal_positions", "token_norm"]
 
-TRANSFORMER_NORMS = ("fixup", "layernorm", "none")  # "none": the gated methods (skipinit, rezero) and t_fixup
+# "none": the gated methods (skipinit, rezero) and t_fixup; "dyt": Dynamic Tanh where each LayerNorm was
+TRANSFORMER_NORMS = ("fixup", "layernorm", "none", "dyt")
+NORMED = ("layernorm", "dyt")  # the norms with a layer at each of the LayerNorm's places (post- or pre-norm)
 
 Cache = dict[str, Tensor]
 
@@ -45,8 +47,9 @@ class TransformerConfig:
     dropout: float = 0.3  # on embeddings and branch outputs; the paper picks from 0.3-0.6 (section 5)
     attention_dropout: float = 0.0  # on attention probabilities
     activation_dropout: float = 0.0  # after the feed-forward ReLU
-    norm: str = "fixup"  # "fixup", "layernorm", or "none" (the gated methods skipinit and rezero, t_fixup)
-    pre_norm: bool = False  # LayerNorm before each branch (only with norm="layernorm")
+    norm: str = "fixup"  # "fixup", "layernorm", "dyt" (DyT at the LayerNorm's places), or "none" (skipinit, rezero,
+    # t_fixup)
+    pre_norm: bool = False  # LayerNorm (or DyT) before each branch, and one ending each stack (norm "layernorm"/"dyt")
     share_embeddings: bool = False  # one embedding table for source and target (joint vocabulary)
     pad_id: int = 0  # padding token id, the same on both sides
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
@@ -55,9 +58,9 @@ class TransformerConfig:
         if self.norm not in TRANSFORMER_NORMS:
             raise ValueError(f"norm={self.norm!r} is not available for the Transformer; choose one of "
                              f"{', '.join(TRANSFORMER_NORMS)}")
-        if self.pre_norm and self.norm != "layernorm":
-            raise ValueError(f"pre_norm=True places a LayerNorm before each branch; it needs "
-                             f"norm='layernorm', got norm={self.norm!r}")
+        if self.pre_norm and self.norm not in NORMED:
+            raise ValueError(f"pre_norm=True places a LayerNorm (or DyT) before each branch; it needs "
+                             f"norm='layernorm' or 'dyt', got norm={self.norm!r}")
         if self.d_model % self.heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}; pick a "
                              "head count that divides the width")
@@ -88,6 +91,14 @@ def _maybe(module: type[nn.Module], on: bool, *args) -> nn.Module:
     return module(*args) if on else nn.Identity()
 
 
+def token_norm(method: Method, d: int, on: bool) -> nn.Module:
+    """What stands at one of the LayerNorm's places: a LayerNorm over the last dimension, a :class:`fixup.nn.DyT`
+    in its place (norm "dyt", alpha from the method: Zhu et al. 2025), or nothing where ``on`` is False."""
+    if not on:
+        return nn.Identity()
+    return DyT(d, -1, method.dyt_alpha) if method.norm == "dyt" else nn.LayerNorm(d)
+
+
 class AttentionBlock(nn.Module):
     """``x + F(x)`` with F multi-head attention of ``x`` over itself (causal or not) or over ``memory``."""
 
@@ -101,8 +112,8 @@ class AttentionBlock(nn.Module):
         for proj in (self.q, self.k, self.v):  # fairseq draws Q, K, V as one (3d, d) matrix: Xavier std (2d)^-1/2
             proj.fan_out_mult = 3  # read by the standard initialisation (Transformer.reset_parameters, fixup.init)
         self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
-        self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
-        self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
+        self.pre_norm = token_norm(method, d, cfg.pre_norm)
+        self.post_norm = token_norm(method, d, cfg.norm in NORMED and not cfg.pre_norm)
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
@@ -115,7 +126,7 @@ class AttentionBlock(nn.Module):
         return x.view(B, T, self.heads, D // self.heads).transpose(1, 2)  # (B, H, T, D/H)
 
     def lean_ready(self) -> bool:
-        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm, plain
+        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm (or DyT), plain
         ``nn.Linear`` projections, no hooks on the inner modules."""
         if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
             return False
@@ -211,8 +222,8 @@ class FeedForwardBlock(nn.Module):
         self.fc1 = nn.Linear(d, cfg.ffn_dim, bias=not fixup)
         self.fc2 = nn.Linear(cfg.ffn_dim, d, bias=not fixup)
         self.scale = branch_multiplier(method)  # Fixup's multiplier, or the gate of skipinit / rezero
-        self.pre_norm = _maybe(nn.LayerNorm, cfg.pre_norm, d)
-        self.post_norm = _maybe(nn.LayerNorm, cfg.norm == "layernorm" and not cfg.pre_norm, d)
+        self.pre_norm = token_norm(method, d, cfg.pre_norm)
+        self.post_norm = token_norm(method, d, cfg.norm in NORMED and not cfg.pre_norm)
         self.lean = True  # compute forward by fixup.perf.ops where it applies: same function, less memory
 
     def residual_branches(self) -> Sequence[Branch]:
@@ -224,7 +235,7 @@ class FeedForwardBlock(nn.Module):
         return self.bias1, self.bias2, self.bias3, self.scale
 
     def lean_ready(self) -> bool:
-        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm, plain
+        """Whether :meth:`lean_forward` computes exactly what the modules would: no LayerNorm (or DyT), plain
         ``nn.Linear`` layers, no hooks on the inner modules."""
         if type(self.pre_norm) is not nn.Identity or type(self.post_norm) is not nn.Identity:
             return False

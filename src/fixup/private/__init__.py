@@ -19,9 +19,10 @@ gradient per example. Four things break that, and this package mends them:
 - a module registered twice (a block's ``projection``, also ``shortcut[0]``): Opacus hooks it twice, counting its
   per-example gradients twice; :func:`prepare` calls the second registration by reference (:class:`SharedModule`);
 - a parameter module Opacus has no grad sampler for: :func:`register_grad_samplers` gives Fixup's scalars
-  (:class:`~fixup.nn.Bias`, :class:`~fixup.nn.Scale`, :class:`~fixup.nn.Gate`) and NF-ResNets'
-  :class:`~fixup.nn.ScaledStdConv2d` exact per-example formulas; everything else with parameters (a fused norm's
-  bias with its activation) goes to Opacus's functorch fallback, which is exact for them.
+  (:class:`~fixup.nn.Bias`, :class:`~fixup.nn.Scale`, :class:`~fixup.nn.Gate`), NF-ResNets'
+  :class:`~fixup.nn.ScaledStdConv2d` and Dynamic Tanh's :class:`~fixup.nn.DyT` exact per-example formulas;
+  everything else with parameters (a fused norm's bias with its activation) goes to Opacus's functorch fallback,
+  which is exact for them.
 
 Wrappers keep the model's ``state_dict`` keys (the wrapped module's entries appear under its own path), so a
 checkpoint loads into the model before and after :func:`prepare`. Opacus is imported only by
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import Bias, Gate, Scale, ScaledStdConv2d
+from ..nn import Bias, DyT, Gate, Scale, ScaledStdConv2d
 from ._inplace import inplace_producers
 from ._modules import (
     FreshOutput,
@@ -174,6 +175,33 @@ def _scale_grad_sample(layer: Scale, activations: list[Tensor], backprops: Tenso
     return {layer.scale: per_example.to(layer.scale.dtype)}
 
 
+def _dyt_grad_sample(layer: DyT, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+    """``w * tanh(a x) + b``, channels along ``layer.dim``: each example's gradient of ``b`` is its output gradient g
+    summed over every other dimension, of ``w`` the same sum of g * tanh(a x), of ``a`` the sum over everything of
+    g * w * x * (1 - tanh(a x)^2)."""
+    x = activations[0].to(backprops.dtype)
+    n, dim = x.shape[0], layer.dim % x.dim()
+    if dim == 0:
+        raise ValueError("a DyT over the batch dimension (dim 0) has no per-example gradients; put its channels on "
+                         "another dimension")
+    t = torch.tanh(layer.alpha.detach().to(x.dtype) * x)
+
+    def per_channel(v: Tensor) -> Tensor:  # (n, ..., C, ...) -> (n, C)
+        return v.movedim(dim, -1).reshape(n, -1, v.shape[dim]).sum(1)
+
+    out: dict[nn.Parameter, Tensor] = {}
+    if layer.bias.requires_grad:
+        out[layer.bias] = per_channel(backprops).to(layer.bias.dtype)
+    if layer.weight.requires_grad:
+        out[layer.weight] = per_channel(backprops * t).to(layer.weight.dtype)
+    if layer.alpha.requires_grad:
+        shape = [1] * x.dim()
+        shape[dim] = -1
+        w = layer.weight.detach().to(x.dtype).view(shape)
+        out[layer.alpha] = (backprops * w * x * (1 - t * t)).reshape(n, -1).sum(1, keepdim=True).to(layer.alpha.dtype)
+    return out
+
+
 def _std_conv_grad_sample(layer: ScaledStdConv2d, activations: list[Tensor],
                           backprops: Tensor) -> dict[nn.Parameter, Tensor]:
     """A weight-standardised convolution: each example's gradient of the weight it applies (an unfolded
@@ -219,8 +247,8 @@ def _std_conv_grad_sample(layer: ScaledStdConv2d, activations: list[Tensor],
 def register_grad_samplers() -> None:
     """Register the per-example gradients of Fixup's scalars with Opacus (needs the ``dp`` extra). Idempotent.
 
-    Opacus matches a module's exact type, so each of :class:`Bias`, :class:`Scale`, :class:`Gate` and
-    :class:`ScaledStdConv2d` is named;
+    Opacus matches a module's exact type, so each of :class:`Bias`, :class:`Scale`, :class:`Gate`,
+    :class:`ScaledStdConv2d` and :class:`DyT` is named;
     subclasses with more inside (adapt's fused norm bias with its activation) go to Opacus's functorch fallback.
     """
     try:
@@ -231,6 +259,7 @@ def register_grad_samplers() -> None:
     register_grad_sampler(Bias)(_bias_grad_sample)
     register_grad_sampler([Scale, Gate])(_scale_grad_sample)
     register_grad_sampler(ScaledStdConv2d)(_std_conv_grad_sample)
+    register_grad_sampler(DyT)(_dyt_grad_sample)
 
 
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, data_loader: Iterable, *,

@@ -97,7 +97,7 @@ class ModelOptions:
     adapt: str = ""  # module:factory of a user's model: fixup.adapt-ed under norm fixup, else as built ("" = model)
     depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
     width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
-    norm: str = ""  # fixup | batchnorm | groupnorm | layernorm | none ("" = the method init names, else fixup)
+    norm: str = ""  # fixup | batchnorm | groupnorm | layernorm | dyt | none ("" = the method init names, else fixup)
     init: str = ""  # a method of fixup.METHODS (rezero, nf_resnet, ...) or an init of the norm ("" = its default)
 
 

@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lenpen", type=float, default=1.0, help="length penalty: score / length ** lenpen")
     p.add_argument("--average-last", type=int, default=0, metavar="N",
                    help="decode with the average of the last N kept checkpoints (needs --keep-checkpoints N)")
-    p.add_argument("--pre-norm", action="store_true", help="LayerNorm before each branch (--norm layernorm)")
+    p.add_argument("--pre-norm", action="store_true",
+                   help="LayerNorm (or DyT) before each branch (--norm layernorm or --init dyt)")
     p.add_argument("--joint-vocab", action="store_true", help="one sentencepiece vocabulary for both languages")
     p.add_argument("--share-embeddings", action="store_true", help="one embedding table (implies --joint-vocab)")
     recipe = translation_config("tiny")

@@ -66,7 +66,7 @@ class TranslationOptions:
     max_tokens: int = 4096  # padded tokens per training batch and per process (fairseq's --max-tokens)
     max_len: int = 128  # training pairs longer than this many subword tokens are dropped
     share_embeddings: bool = False  # one embedding table for both languages (requires joint_vocab)
-    pre_norm: bool = False  # LayerNorm before each branch (norm="layernorm" only)
+    pre_norm: bool = False  # LayerNorm (or DyT) before each branch (norm "layernorm" or "dyt")
     attention_dropout: float = 0.0  # dropout on the attention weights
     activation_dropout: float = 0.0  # dropout after the feed-forward activation
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # other TransformerConfig overrides
