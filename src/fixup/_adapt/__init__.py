@@ -197,6 +197,19 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     rw, pairs, untied = _rewrite(seen, gated=gated, gate_biases=gate_biases, untie_weights=untie_weights)
     report = _initialise(source, chosen, rw, generator)
     trunk_records = trunk_init_(source, args, trunk)
+    result, new_warnings = _measure_and_report(seen, rw, pairs, untied, report, trunk, trunk_records,
+                                               state_dict=state_dict, private=private, gated=gated)
+    warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
+    return source, result
+
+
+def _measure_and_report(seen: _Seen, rw: Rewriter, pairs: list[tuple[Residual, Branch]], untied: list[str],
+                        report: InitReport, trunk: str, trunk_records: list[TrunkRecord], *,
+                        state_dict: Mapping[str, Tensor] | None, private: bool,
+                        gated: bool) -> tuple[AdaptReport | GateAdaptReport, list[str]]:
+    """Measure the initialised copy (its stream, the activations kept, the weights loaded, the readiness for
+    private training) and assemble adapt's report; returns it with the warnings adapt adds to the initialiser's."""
+    source, args = seen.source, seen.args
     blocks = residual_blocks(source)  # none when the root itself computes every residual sum
     signal = stream_signal(source, args, blocks=blocks, train=False) if blocks else StreamSignal(1.0)
     branch_names = {id(b): n for n, b in find_branches(source)}
@@ -215,8 +228,7 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
                   layer_scales=rw.layer_scales, fused_qkv=rw.fused_qkv, untied=untied,
                   weights_loaded=loaded.loaded, weights_dropped=loaded.dropped, trunk_rule=trunk,
                   trunk=trunk_records, stream_input_rms=signal.input_rms, stream=signal.stages, private=readiness)
-    warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
-    return source, result
+    return result, new_warnings
 
 
 def _initialise(source: nn.Module, chosen: Chosen, rw: Rewriter, generator: torch.Generator | None) -> InitReport:

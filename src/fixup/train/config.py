@@ -290,17 +290,7 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
         if self.scalar_weight_decay < 0 and self.scalar_weight_decay != -1:
             raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
                              f"{self.scalar_weight_decay}")
-        if self.dropout >= 1:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.drop_path != -1 and not 0.0 <= self.drop_path < 1.0:
-            raise ValueError(f"drop_path must lie in [0, 1) (the last of N blocks drops with drop_path (N - 1) / N), "
-                             f"or be -1 for the method's recipe (skipinit: 0.1); got {self.drop_path}")
-        if not 0.0 <= self.head_dropout < 1.0:
-            raise ValueError(f"head_dropout must lie in [0, 1), got {self.head_dropout}")
-        if self.adapt and (self.drop_path or self.head_dropout):
-            raise ValueError(f"drop_path={self.drop_path:g} and head_dropout={self.head_dropout:g} are built into the "
-                             f"library's ResNets, not into --adapt {self.adapt}'s model; set both to 0, or train a "
-                             "registered ResNet (--model resnet_cifar)")
+        self._validate_regularisers()
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
         if self.image_size < 0:
@@ -330,6 +320,20 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
                              f"decay_period={self.decay_period}")
         self._validate_privacy()
         return self
+
+    def _validate_regularisers(self) -> None:
+        """Dropout, stochastic depth and dropout before the classifier: probabilities, and only where they exist."""
+        if self.dropout >= 1:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.drop_path != -1 and not 0.0 <= self.drop_path < 1.0:
+            raise ValueError(f"drop_path must lie in [0, 1) (the last of N blocks drops with drop_path (N - 1) / N), "
+                             f"or be -1 for the method's recipe (skipinit: 0.1); got {self.drop_path}")
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ValueError(f"head_dropout must lie in [0, 1), got {self.head_dropout}")
+        if self.adapt and (self.drop_path or self.head_dropout):
+            raise ValueError(f"drop_path={self.drop_path:g} and head_dropout={self.head_dropout:g} are built into the "
+                             f"library's ResNets, not into --adapt {self.adapt}'s model; set both to 0, or train a "
+                             "registered ResNet (--model resnet_cifar)")
 
     def _validate_privacy(self) -> None:
         """The privacy options: a budget or a noise, and nothing that mixes examples or leaves them unaccounted."""
