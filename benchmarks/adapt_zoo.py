@@ -137,7 +137,8 @@ def accounting() -> list[dict[str, object]]:
 
 
 @lru_cache(maxsize=1)
-def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def digits_32() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Digits at 32x32x3, train and test, normalised by the training images' channel statistics."""
     data = load_images("digits", image_size=32, channels=3)
     out = []
     for split in (data.train, data.test):
@@ -171,7 +172,7 @@ def run_cell(cell: Cell) -> dict[str, object]:
     """Train one cell; return its accuracy, whether it diverged, its final loss, its wall and CPU time."""
     start, cpu_start = time.time(), time.process_time()
     torch.set_num_threads(cell.threads)
-    xtr, ytr, xte, yte = _digits()
+    xtr, ytr, xte, yte = digits_32()
     torch.manual_seed(cell.seed)
     model = build(cell)
     if cell.form == "adapted" and cell.model != OURS:

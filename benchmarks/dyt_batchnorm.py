@@ -25,21 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import fixup
-from fixup.data import load_images
+from adapt_zoo import digits_32
 from fixup.nn import DYT_ALPHA, DyT
 
 OUT = Path(__file__).parent / "results" / "dyt_batchnorm.json"
-
-
-def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    data = load_images("digits", image_size=32, channels=3)
-    out = []
-    for split in (data.train, data.test):
-        x, y = split.batch(torch.arange(len(split)))
-        out += [x.float(), y]
-    xtr, ytr, xte, yte = out
-    mean, std = xtr.mean((0, 2, 3), keepdim=True), xtr.std((0, 2, 3), keepdim=True)
-    return (xtr - mean) / std, ytr, (xte - mean) / std, yte
 
 
 def bn_to_dyt_(model: nn.Module) -> int:
@@ -91,7 +80,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     torch.set_num_threads(1)
-    data = digits()
+    data = digits_32()
     runs = [run(form, seed, args.steps, data) for seed in args.seeds for form in ("batchnorm", "dyt")]
     summary = {}
     for form in ("batchnorm", "dyt"):
