@@ -14,16 +14,24 @@ on 8x8 digits, batch 256 expected, 20 epochs, SGD momentum 0.9, cosine, per-exam
 delta 1e-5, seed 0) at the given rates; after training it reports, for each branch's last convolution
 (``conv2``), the root mean square of its weights over the std of He's fan-in draw for that layer (sqrt(2 / fan-in)),
 and the classifier's weight RMS, beside the test accuracy. One seed: a probe of the mechanism, not a table.
+
+``NORM:LR:K`` trains the zero-started layers (each branch's last convolution and the classifier) at K times the
+rate and everything else at the rate, to test whether those layers are what limits Fixup's rate:
+
+    PYTHONPATH=src python benchmarks/private_weight_scale.py --runs fixup:0.5:0.2 fixup:1:0.1 fixup:0.5:0.4 \\
+        fixup:0.2:0.5 --json benchmarks/results/private_weight_scale_ends.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,31 +57,64 @@ def weight_scale(model: nn.Module) -> dict[str, Any]:
             "classifier_rms": float(classifier.weight.detach().pow(2).mean().sqrt())}
 
 
-def probe(norm: str, lr: float) -> dict[str, Any]:
+def _is_end(name: str) -> bool:
+    """A zero-started layer of fixup-lab's CIFAR ResNet under Fixup: each branch's last convolution, the classifier."""
+    return name.endswith("conv2.weight") or name.startswith("fc.")
+
+
+@contextlib.contextmanager
+def ends_at(mult: float) -> Iterator[None]:
+    """While open, the engine's parameter groups put the zero-started layers (:func:`_is_end`) in groups of their own
+    at ``mult`` times their group's rate (a probe: the engine has no such option)."""
+    import fixup.train.optim as optim
+
+    plain = optim.config_groups
+
+    def groups(model: nn.Module, config: Any) -> list[dict[str, Any]]:
+        out = []
+        for g in plain(model, config):
+            for is_end in (False, True):
+                pairs = [(p, n) for p, n in zip(g["params"], g["param_names"], strict=True) if _is_end(n) == is_end]
+                if pairs:
+                    out.append({**g, "name": g["name"] + ("_ends" if is_end else ""),
+                                "lr": g["lr"] * (mult if is_end else 1.0), "params": [p for p, _ in pairs],
+                                "param_names": [n for _, n in pairs]})
+        return out
+
+    optim.config_groups = groups
+    try:
+        yield
+    finally:
+        optim.config_groups = plain
+
+
+def probe(norm: str, lr: float, ends_mult: float = 1.0) -> dict[str, Any]:
     from fixup.train import TrainConfig, fit
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), ends_at(ends_mult):
         warnings.simplefilter("ignore")  # Opacus's hook warnings
         result = fit(TrainConfig.from_dict({**BASE, "norm": norm, "lr": lr}), progress=False)
-    return {"norm": norm, "lr": lr, "outcome": str(result.outcome), "test_acc": result.final.get("test_acc"),
-            **weight_scale(result.model)}
+    return {"norm": norm, "lr": lr, "ends_lr_mult": ends_mult, "outcome": str(result.outcome),
+            "test_acc": result.final.get("test_acc"), **weight_scale(result.model)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", default=["fixup:0.2", "fixup:0.5", "groupnorm:0.5"], metavar="NORM:LR",
-                   help="the (norm, rate) pairs to train (default fixup:0.2 fixup:0.5 groupnorm:0.5)")
+    p.add_argument("--runs", nargs="+", default=["fixup:0.2", "fixup:0.5", "groupnorm:0.5"], metavar="NORM:LR[:K]",
+                   help="the (norm, rate) pairs to train (default fixup:0.2 fixup:0.5 groupnorm:0.5); a third field K "
+                        "trains the zero-started layers (each branch's last convolution, the classifier) at K x lr")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args()
     torch.set_num_threads(1)
     rows = []
     for spec in args.runs:
-        norm, lr = spec.split(":")
-        row = probe(norm, float(lr))
+        norm, lr, *mult = spec.split(":")
+        row = probe(norm, float(lr), float(mult[0]) if mult else 1.0)
         rows.append(row)
         s = row["last_conv_rms_over_he"]
-        print(f"{norm} lr {lr}: test accuracy {100 * row['test_acc']:.1f}%; branches' last convolution RMS / He std "
-              f"{s['min']:.2f} to {s['max']:.2f} (median {s['median']:.2f}, n={s['n']}); classifier RMS "
+        ends = f" (zero-started layers at {mult[0]} x lr)" if mult else ""
+        print(f"{norm} lr {lr}{ends}: test accuracy {100 * row['test_acc']:.1f}%; branches' last convolution RMS / "
+              f"He std {s['min']:.2f} to {s['max']:.2f} (median {s['median']:.2f}, n={s['n']}); classifier RMS "
               f"{row['classifier_rms']:.3f}", flush=True)
     if args.json:
         command = "python benchmarks/private_weight_scale.py " + " ".join(sys.argv[1:])
