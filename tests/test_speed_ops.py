@@ -70,16 +70,24 @@ _NO_NORM = [(m.norm, m.init) for m in METHODS.values()
 
 @pytest.mark.parametrize(("norm", "init"), _NO_NORM)
 def test_lean_equals_plain_for_every_method_without_normalisation(norm, init):
-    """Ablations drop scalars and the 1/sqrt(2) baseline scales block outputs: the lean path follows."""
-    model = _perturbed(create_model("resnet_cifar", depth=8, norm=norm, init=init, shortcut="B"))
+    """Ablations drop scalars and the 1/sqrt(2) baseline scales block outputs: the lean path follows.
+
+    Both paths compute the same function in real arithmetic, so they are compared in float64, where only the order
+    of the sums differs: a few thousand terms per entry at eps64 ~ 2e-16 each stay far below 1e-10 of the largest
+    entry (in float32 a scalar's gradient, a sum over the whole map that mostly cancels, differed by 6e-4 of itself
+    for one draw, with the random-order suite's global seed).
+    """
+    torch.manual_seed(0)
+    model = _perturbed(create_model("resnet_cifar", depth=8, norm=norm, init=init, shortcut="B")).double()
     plain = set_lean(copy.deepcopy(model), False)
-    x = torch.randn(2, 3, 8, 8)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     out, ref = model(x), plain(x)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10 * ref.abs().max().item())
     out.sum().backward()
     ref.sum().backward()
-    for p, q in zip(model.parameters(), plain.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * max(1.0, q.grad.abs().max().item()))
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        tol = 1e-10 * max(1.0, q.grad.abs().max().item())
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_forward_hooks_on_inner_modules_see_the_straightforward_path():
