@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -168,24 +169,20 @@ def _clipper(cell: Cell, model: torch.nn.Module):
     return lambda: agc(model, **options)
 
 
-def run_cell(cell: Cell) -> dict[str, object]:
-    """Train one cell; return its accuracy, whether it diverged, its final loss, its wall and CPU time."""
-    start, cpu_start = time.time(), time.process_time()
-    torch.set_num_threads(cell.threads)
-    xtr, ytr, xte, yte = digits_32()
-    torch.manual_seed(cell.seed)
-    model = build(cell)
-    if cell.form == "adapted" and cell.model != OURS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model, _ = fixup.adapt(model, xtr[:2], **dict(cell.adapt_options))
-    opt = torch.optim.SGD(fixup.param_groups(model, cell.lr, weight_decay=5e-4, scalar_lr_mult=cell.scalar_lr_mult),
-                          lr=cell.lr, momentum=0.9)
-    clip = _clipper(cell, model)
-    order = torch.Generator().manual_seed(cell.seed)
+def train_own_loop(model: torch.nn.Module, data: tuple[torch.Tensor, ...], *, steps: int, seed: int, lr: float,
+                   scalar_lr_mult: float,
+                   clip: Callable[[torch.nn.Module], Callable[[], object]]) -> tuple[float, float, int | None]:
+    """The README's own-loop recipe: SGD over ``fixup.param_groups`` (momentum 0.9, weight decay 5e-4), batches of
+    64 in a seeded order, ``clip(model)``'s clipping before each step, stopped at a non-finite loss. Returns the
+    test accuracy, the last loss and the step it diverged at (None)."""
+    xtr, ytr, xte, yte = data
+    opt = torch.optim.SGD(fixup.param_groups(model, lr, weight_decay=5e-4, scalar_lr_mult=scalar_lr_mult),
+                          lr=lr, momentum=0.9)
+    clip_now = clip(model)
+    order = torch.Generator().manual_seed(seed)
     model.train()
     perm, pos, loss_value, diverged_at = torch.randperm(len(xtr), generator=order), 0, float("nan"), None
-    for step in range(cell.steps):
+    for step in range(steps):
         if pos + 64 > len(perm):
             perm, pos = torch.randperm(len(xtr), generator=order), 0
         idx = perm[pos:pos + 64]
@@ -197,11 +194,28 @@ def run_cell(cell: Cell) -> dict[str, object]:
             break
         opt.zero_grad()
         loss.backward()
-        clip()
+        clip_now()
         opt.step()
     model.eval()
     with torch.no_grad():
         acc = (_logits(model(xte)).argmax(1) == yte).float().mean().item()
+    return acc, loss_value, diverged_at
+
+
+def run_cell(cell: Cell) -> dict[str, object]:
+    """Train one cell; return its accuracy, whether it diverged, its final loss, its wall and CPU time."""
+    start, cpu_start = time.time(), time.process_time()
+    torch.set_num_threads(cell.threads)
+    xtr, ytr, xte, yte = digits_32()
+    torch.manual_seed(cell.seed)
+    model = build(cell)
+    if cell.form == "adapted" and cell.model != OURS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, _ = fixup.adapt(model, xtr[:2], **dict(cell.adapt_options))
+    acc, loss_value, diverged_at = train_own_loop(model, (xtr, ytr, xte, yte), steps=cell.steps, seed=cell.seed,
+                                                  lr=cell.lr, scalar_lr_mult=cell.scalar_lr_mult,
+                                                  clip=lambda m: _clipper(cell, m))
     return {**asdict(cell), "adapt_options": dict(cell.adapt_options), "acc": acc, "final_loss": loss_value,
             "diverged_at": diverged_at, "seconds": round(time.time() - start, 1),
             "cpu_seconds": round(time.process_time() - cpu_start, 1)}

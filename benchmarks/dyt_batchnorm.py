@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fixup
-from adapt_zoo import digits_32
+from adapt_zoo import digits_32, train_own_loop
 from fixup.nn import DYT_ALPHA, DyT
 
 OUT = Path(__file__).parent / "results" / "dyt_batchnorm.json"
@@ -43,32 +41,13 @@ def bn_to_dyt_(model: nn.Module) -> int:
 
 
 def run(form: str, seed: int, steps: int, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
-    xtr, ytr, xte, yte = data
     start = time.time()
     torch.manual_seed(seed)
     model = fixup.create_model("resnet20", method="batchnorm", num_classes=10)
     replaced = bn_to_dyt_(model) if form == "dyt" else 0
-    opt = torch.optim.SGD(fixup.param_groups(model, 0.1, weight_decay=5e-4), lr=0.1, momentum=0.9)
-    order = torch.Generator().manual_seed(seed)
-    perm, pos, loss_value, diverged_at = torch.randperm(len(xtr), generator=order), 0, float("nan"), None
-    model.train()
-    for step in range(steps):
-        if pos + 64 > len(perm):
-            perm, pos = torch.randperm(len(xtr), generator=order), 0
-        idx = perm[pos:pos + 64]
-        pos += 64
-        loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
-        loss_value = loss.item()
-        if not math.isfinite(loss_value):
-            diverged_at = step
-            break
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    acc, loss_value, diverged_at = train_own_loop(
+        model, data, steps=steps, seed=seed, lr=0.1, scalar_lr_mult=0.1,
+        clip=lambda m: lambda: torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0))
     return {"form": form, "seed": seed, "replaced": replaced, "acc": acc, "final_loss": loss_value,
             "diverged_at": diverged_at, "seconds": round(time.time() - start, 1)}
 
