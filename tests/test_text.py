@@ -66,6 +66,75 @@ def test_agreement_and_verb_second():
     assert checked > 50
 
 
+def test_quick_task_is_unchanged_by_the_hard_tasks_options(tmp_path):
+    """The hard task's options are off in the quick task, which draws exactly what it drew before they
+    existed (the committed translation results were trained on it): no relative pronoun, the same words."""
+    from fixup.data.synthetic_translation import synthetic_task
+
+    assert synthetic_task("quick", seed=7, train=1500, valid=60, test=60) == SMALL
+    lex = make_lexicon(SMALL)
+    assert "rel" not in lex.src
+    folder = write_synthetic_task(tmp_path, SMALL)
+    import hashlib
+
+    digest = hashlib.sha256(b"".join((folder / f"{s}.{side}").read_bytes() for s in ("train", "valid", "test")
+                                     for side in ("src", "tgt"))).hexdigest()
+    assert digest[:16] == "d6f5ccc7f9aa69f2"  # written by the code before the hard task existed
+
+
+def test_hard_task_moves_relative_clauses_and_agrees_across_them():
+    """Hard task: a source relative clause (NP_obj VERB REL) precedes its head; in the target it follows
+    the head, opened by the pronoun of the head's gender/number and closed by a verb of the head's number."""
+    import random
+
+    from fixup.data.synthetic_translation import _PLURAL, _VERB_ENDINGS, generate_pairs, synthetic_task
+
+    cfg = synthetic_task("hard", seed=3, p_relative=1.0, relative_depth=1, p_pronoun=0.0, p_second_clause=0.0,
+                         p_pp=0.0, p_adverb=0.0)
+    lex = make_lexicon(cfg)
+    rel_s, rel_t = lex.src["rel"][0], lex.tgt["rel"]
+    checked = 0
+    for src, tgt in generate_pairs(cfg, lex, 100, random.Random(0)):
+        s, t = src.removesuffix(".").split(), tgt.removesuffix(".").split()
+        assert s.count(rel_s) == 2  # the subject and the object each carry one (depth 1: none nested)
+        head = s.index(rel_s) + 1  # the subject's noun phrase follows its relative clause's marker
+        noun_s = next(w for w in s[head:] if w in lex.src["noun"] or w.removesuffix("ri") in lex.src["noun"])
+        plural = noun_s not in lex.src["noun"]
+        noun = lex.src["noun"].index(noun_s.removesuffix("ri") if plural else noun_s)
+        gender = lex.gender[noun]
+        noun_t = lex.tgt["noun"][noun] + (_PLURAL[gender] if plural else "")
+        pronoun = next(w for w in t if w in rel_t)  # the first target pronoun is the subject's
+        assert rel_t.index(pronoun) == ("m", "f", "n", "pl").index("pl" if plural else gender)
+        verb_s = s[head - 2]  # NP_obj VERB REL: the relative clause's verb precedes the marker
+        verb_t = lex.tgt["verb"][lex.src["verb"].index(verb_s)] + _VERB_ENDINGS[5 if plural else 2]
+        assert t.index(noun_t) < t.index(pronoun) < t.index(verb_t)  # moved after the head, verb-final
+        checked += 1
+    assert checked == 100
+
+
+def test_hard_task_has_rare_words_and_longer_sentences(tmp_path):
+    from collections import Counter
+
+    from fixup.data.synthetic_translation import synthetic_task
+
+    quick = write_synthetic_task(tmp_path / "q", SMALL)
+    hard = write_synthetic_task(tmp_path / "h", synthetic_task("hard", seed=7, train=1500, valid=60, test=60))
+    words = {name: (f / "train.src").read_text().split() for name, f in (("quick", quick), ("hard", hard))}
+    lines = {name: len((f / "train.src").read_text().splitlines()) for name, f in (("quick", quick), ("hard", hard))}
+    assert len(words["hard"]) / lines["hard"] > 1.4 * len(words["quick"]) / lines["quick"]
+    counts = Counter(words["hard"])
+    singletons = sum(1 for c in counts.values() if c == 1)
+    assert singletons > 3 * sum(1 for c in Counter(words["quick"]).values() if c == 1)
+    lex = make_lexicon(synthetic_task("hard", seed=7))
+    src = (hard / "test.src").read_text().splitlines()
+    gloss = [word_for_word(s, lex) for s in src]  # every word known, the relative marker included
+    assert all(w not in lex.src_vocabulary() for g in gloss for w in g.removesuffix(".").split())
+    with pytest.raises(ValueError, match="unknown generated task 'huge'"):
+        synthetic_task("huge")
+    with pytest.raises(ValueError, match="p_relative is a probability"):
+        SyntheticTranslationConfig(p_relative=1.5)
+
+
 def test_text_pipeline_roundtrip_and_vocabulary_reuse(tmp_path):
     data_dir = write_synthetic_task(tmp_path / "data", SMALL)
     data = load_parallel_data(data_dir, tmp_path / "run", vocab_size=300)

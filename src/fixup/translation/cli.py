@@ -22,7 +22,7 @@ __all__ = ["register"]
 
 # Shortcuts for the most used TranslationOptions (everything else goes through --extra JSON).
 _OPTION_FLAGS = {"max_tokens": int, "vocab_size": int, "src_suffix": str, "tgt_suffix": str,
-                 "synthetic_train": int, "synthetic_seed": int, "bleu_limit": int}
+                 "synthetic_train": int, "synthetic_seed": int, "synthetic_task": str, "bleu_limit": int}
 
 
 def _config(args: argparse.Namespace):

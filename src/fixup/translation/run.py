@@ -16,7 +16,7 @@ import torch
 
 from .._io import write_json, write_text
 from .._signals import Interrupted
-from ..data.synthetic_translation import SyntheticTranslationConfig, make_lexicon, word_for_word
+from ..data.synthetic_translation import make_lexicon, word_for_word
 from .averaging import average_checkpoints
 from .evaluate import DecodeConfig, corpus_bleu, evaluate_bleu
 from .task import TranslationTask
@@ -32,8 +32,7 @@ def baselines(task: TranslationTask, split: str = "test") -> dict[str, float]:
     refs, sources = task.data.references[split], task.data.sources[split]
     out = {"copy_bleu": corpus_bleu(sources, refs).bleu}
     if not task.config.data_dir:
-        o = task.options
-        lex = make_lexicon(SyntheticTranslationConfig(seed=o.synthetic_seed))  # the lexicon depends on the seed only
+        lex = make_lexicon(task.options.synthetic_config())
         out["word_for_word_bleu"] = corpus_bleu([word_for_word(s, lex) for s in sources], refs).bleu
     return out
 

@@ -20,7 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.synthetic_translation import SyntheticTranslationConfig, write_synthetic_task
+from ..data.synthetic_translation import (
+    SYNTHETIC_TASKS,
+    SyntheticTranslationConfig,
+    synthetic_task,
+    write_synthetic_task,
+)
 from ..data.text import PAD, ParallelData, collate, load_parallel_data, token_batches
 from ..models import create_model
 from ..train.config import check_keys
@@ -77,6 +82,17 @@ class TranslationOptions:
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
     synthetic_train: int = 30000  # its training pairs
     synthetic_eval: int = 1000  # its valid and its test pairs (each)
+    synthetic_task: str = "quick"  # which generated task: quick, or hard (docs/translation.md, "The hard task")
+
+    def __post_init__(self) -> None:
+        if self.synthetic_task not in SYNTHETIC_TASKS:
+            raise ValueError(f"synthetic_task must be one of {', '.join(SYNTHETIC_TASKS)}, got "
+                             f"{self.synthetic_task!r}")
+
+    def synthetic_config(self) -> SyntheticTranslationConfig:
+        """The generated task these options name."""
+        return synthetic_task(self.synthetic_task, seed=self.synthetic_seed, train=self.synthetic_train,
+                              valid=self.synthetic_eval, test=self.synthetic_eval)
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
@@ -108,9 +124,7 @@ class TranslationTask:
         if config.data_dir:
             self.data_dir = Path(config.data_dir)
         else:
-            synth = SyntheticTranslationConfig(seed=o.synthetic_seed, train=o.synthetic_train,
-                                               valid=o.synthetic_eval, test=o.synthetic_eval)
-            self.data_dir = write_synthetic_task(self.work_dir / "data", synth)
+            self.data_dir = write_synthetic_task(self.work_dir / "data", o.synthetic_config())
         self.data: ParallelData = load_parallel_data(
             self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,
             vocab_size=o.vocab_size, joint_vocab=o.joint_vocab, model_type=o.spm_model, max_len=o.max_len)
