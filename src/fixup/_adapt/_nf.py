@@ -332,11 +332,12 @@ def adapt_nf(model: nn.Module, args: tuple[Tensor, ...], rec: Recording, analysi
     report.classifier = [c.name for c in cls_records]
     report.other_layers = [o.name for o in rest.other]
     report.warnings += [f"{u} left as it was drawn: not a weight layer NF-ResNets define" for u in rest.untouched]
-    blocks = residual_blocks(model)
-    signal = stream_signal(model, args, blocks=blocks, train=False)
-    report.stream_input_rms, report.stream = signal.input_rms, signal.stages
-    report.warnings += [f"the stream leaves [0.5, 2]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
-                        "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
+    blocks = residual_blocks(model)  # none when the root itself computes every residual sum
+    if blocks:
+        signal = stream_signal(model, args, blocks=blocks, train=False)
+        report.stream_input_rms, report.stream = signal.input_rms, signal.stages
+        report.warnings += [f"the stream leaves [0.5, 2]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
+                            "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
     was = model.training
     model.eval()
     try:
