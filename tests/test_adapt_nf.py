@@ -264,3 +264,18 @@ def test_options_that_do_not_apply_are_refused_before_the_model_runs() -> None:
             fixup.adapt(_Plain(), _x(), method="nf_resnet", **{option: value})
     with pytest.raises(ValueError, match=r"trunk='fan_in' .* does not apply: method='nf_resnet'"):
         fixup.adapt(_Plain(), _x(), method="nf_resnet", trunk="fan_in")
+
+
+def test_the_copy_survives_deepcopy_and_torch_save(tmp_path) -> None:
+    """The factors and the branch ends are child modules applied by module-level hooks."""
+    import copy
+
+    model, _ = _adapt(ResNet(BasicBlock, [1, 1], width=8, small_input=True), _x())
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, NFBranchOut):
+                m.gain.scale.fill_(0.5)  # the branches live, so that every factor shows in the output
+    x = _x(2, seed=6)
+    torch.save(model, tmp_path / "nf.pt")
+    loaded = torch.load(tmp_path / "nf.pt", weights_only=False)
+    assert torch.equal(loaded.eval()(x), model.eval()(x)) and torch.equal(copy.deepcopy(model)(x), model(x))
