@@ -79,8 +79,11 @@ def test_method_and_trunk_are_adapt_s(factory: Path, capsys: pytest.CaptureFixtu
 
 
 def test_method_and_trunk_errors_name_what_works(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--method", "t_fixup"]) == 2
+    assert "create_model('transformer_tiny', method='t_fixup')" in capsys.readouterr().err
+    # the NF form applies to convolutional branches; this model's are linear layers
     assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--method", "nf_resnet"]) == 2
-    assert "create_model('resnet50', method='nf_resnet')" in capsys.readouterr().err
+    assert "NF-ResNets standardise convolutions" in capsys.readouterr().err
     assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--trunk", "he"]) == 2
     assert "trunk must be one of ('lsuv', 'fan_in', 'none'), got 'he'" in capsys.readouterr().err
     assert main(["inspect", "resnet20", "--method", "rezero", "--trunk", "none"]) == 2

@@ -94,10 +94,10 @@ def test_gates_learn_at_the_weights_rate_and_the_report_round_trips() -> None:
 
 
 def test_an_unsupported_method_is_refused_with_the_list() -> None:
-    with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero', 'dyt'\), got "
-                                         r"method='lsuv'"):
+    with pytest.raises(ValueError, match=r"applies the methods \('fixup', 'skipinit', 'rezero', 'nf_resnet', "
+                                         r"'nf_resnet_nozero', 'dyt'\), got method='lsuv'"):
         fixup.adapt(TinyEfficientNet(), _x(), method="lsuv")
-    assert fixup.ADAPT_METHODS == ("fixup", "skipinit", "rezero", "dyt")
+    assert fixup.ADAPT_METHODS == ("fixup", "skipinit", "rezero", "nf_resnet", "nf_resnet_nozero", "dyt")
 
 
 def _small_x() -> torch.Tensor:
@@ -109,9 +109,7 @@ def _small_x() -> torch.Tensor:
 
 
 # What each refusal must name: the library's builder for the method, or the methods adapt applies.
-_INSTEAD = {"nf_resnet": "create_model('resnet50', method='nf_resnet')",
-            "nf_resnet_nozero": "create_model('resnet50', method='nf_resnet_nozero')",
-            "t_fixup": "create_model('transformer_tiny', method='t_fixup')"}
+_INSTEAD = {"t_fixup": "create_model('transformer_tiny', method='t_fixup')"}
 
 
 @pytest.mark.parametrize("method", [m for m in fixup.METHODS if m not in fixup.ADAPT_METHODS])
@@ -120,7 +118,7 @@ def test_a_method_adapt_cannot_apply_is_refused_naming_what_works(method: str) -
         fixup.adapt(TinyEfficientNet(), _small_x(), method=method)
     text = str(err.value)
     assert _INSTEAD.get(method, f"method={method!r}") in text
-    if fixup.METHODS[method].nf or method == "t_fixup":
+    if method == "t_fixup":
         assert "'fixup'" in text and "'rezero'" in text  # what adapts a model written elsewhere instead
 
 
@@ -146,6 +144,11 @@ def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str,
     entry = ZOO[name]
     _needs(entry.needs)
     x = entry.example()
+    nf = fixup.METHODS[method].adapt == "nf"
+    if nf and set(entry.branches) - {"conv"}:  # NF-ResNets define convolutional branches only
+        with pytest.raises(fixup.AdaptError, match="NF-ResNets standardise convolutions and define no other branch"):
+            fixup.adapt(entry.build(), x, method=method)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, report = fixup.adapt(entry.build(), x, method=method)
@@ -155,6 +158,9 @@ def test_every_method_adapt_applies_adapts_the_training_tables_models(name: str,
             fixup.adapt(entry.build(), x, method=other)
     out = model(*as_inputs(x))
     assert all(torch.isfinite(t).all() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t))
+    if nf:  # every convolution standardised, but those of the squeeze-excite gates (ordinary layers, He fan-in)
+        assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        assert {n for n, m in model.named_modules() if type(m) is torch.nn.Conv2d} <= set(report.other_layers)
 
 
 # --- every option of adapt under every method: it applies, or it is refused naming the option and the fix ---
@@ -190,6 +196,8 @@ _REFUSED = {
     **{(m, o): ("a gate, not Fixup's scalars", "method='fixup'") for m in ("skipinit", "rezero")
        for o in ("expect_biases", "expect_scale")},
     **{("dyt", o): ("changes nothing else", "method='fixup'") for o in _OPTIONS},
+    **{(m, o): ("standardises every convolution", "method='fixup'") for m in ("nf_resnet", "nf_resnet_nozero")
+       for o in _OPTIONS},
 }
 
 

@@ -56,6 +56,15 @@ def test_without_init_the_model_is_fixup_adapted_and_norm_none_trains_it_as_buil
     assert {g["name"] for g in _fit(factory, norm="none").param_groups} <= {"weights", "no_decay", "default"}
 
 
+def test_nf_resnet_adapts_the_users_model_and_trains_it_by_the_method_s_recipe(factory: str) -> None:
+    result = _fit(factory, init="nf_resnet")
+    assert result.outcome.status == "completed"
+    groups = {g["name"]: g for g in result.param_groups}
+    assert {"gates", "gains_biases"} <= set(groups) and groups["gains_biases"]["weight_decay"] == 0
+    recipe = result.recipe if isinstance(result.recipe, dict) else result.recipe.to_dict()
+    assert recipe["clip"] == "agc" and recipe["clip_from"] == "method"  # AGC, the NF-ResNets' recipe
+
+
 def test_a_method_adapt_cannot_apply_is_refused_naming_what_works(factory: str) -> None:
-    with pytest.raises(ValueError, match="nf_resnet"):
-        _fit(factory, init="nf_resnet")
+    with pytest.raises(ValueError, match="t_fixup"):
+        _fit(factory, init="t_fixup")

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .branch import WeightSlice, find_branches, find_classifier
 from .groups import unwrap
-from .method import Method
+from .method import model_method
 from .nn import Bias, Scale, ScaledStdConv2d
 from .report import FixupWarning
 
@@ -76,9 +76,10 @@ def whole_units(model: nn.Module) -> list[Tensor]:
 
 def agc_rule(model: nn.Module) -> str:
     """Which tensors AGC leaves out of ``model`` (one of :data:`fixup.method.AGC_RULES`): its method's
-    ``agc_exempt``, or ``"zero_started"`` for a model without a method of :data:`fixup.METHODS`."""
-    method = getattr(unwrap(model), "method", None)
-    return method.agc_exempt if isinstance(method, Method) else "zero_started"
+    ``agc_exempt`` (the method it was built for, or adapted to: :func:`fixup.method.model_method`), or
+    ``"zero_started"`` for a model without a method of :data:`fixup.METHODS`."""
+    method = model_method(unwrap(model))
+    return method.agc_exempt if method is not None else "zero_started"
 
 
 def _layer_params(layer: nn.Module | WeightSlice) -> list[Tensor]:
@@ -104,8 +105,8 @@ def agc_exempt(model: nn.Module) -> list[Tensor]:
     target = unwrap(model)
     if agc_rule(target) == "classifier":
         return [layer.weight for layer in find_classifier(target)]
-    method = getattr(target, "method", None)
-    every_layer = isinstance(method, Method) and method.zero_branch
+    method = model_method(target)
+    every_layer = method is not None and method.zero_branch
     found: dict[int, Tensor] = {}
     for _, branch in find_branches(target):
         for layer in (branch.layers if every_layer else branch.zeroed):

@@ -31,7 +31,7 @@ from typing import Any
 from torch import nn
 
 from .branch import WEIGHT_LAYERS, find_branches
-from .method import Method
+from .method import model_method
 from .nn import Bias, Gate, Scale, ScaledStdConv2d
 
 __all__ = ["GATE_LR_MULT", "SCALAR_LR_MULT", "param_groups", "stream_biases", "unwrap"]
@@ -100,10 +100,10 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *, scal
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     target = unwrap(model)
-    own = getattr(target, "method", None)
+    own = model_method(target)  # built for, or adapted to (fixup.adapt's NF-ResNet form)
     if stream_budget is None:
-        stream_budget = own.stream_budget if isinstance(own, Method) else True
-    undecayed = isinstance(own, Method) and not own.decay_gains
+        stream_budget = own.stream_budget if own is not None else True
+    undecayed = own is not None and not own.decay_gains
     gains_biases = set()
     if undecayed:
         gains_biases = {id(m.bias) for m in target.modules() if isinstance(m, WEIGHT_LAYERS)

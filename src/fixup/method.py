@@ -55,7 +55,8 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["ADAPT_FORMS", "ADAPT_METHODS", "AGC_RULES", "CLIPPINGS", "DEFAULT_INIT", "DYT_ALPHA", "FAMILIES",
-           "FAN_MODES", "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "resolve_method"]
+           "FAN_MODES", "GATE_DRAWS", "METHODS", "STREAM_BIAS", "Method", "as_method", "model_method",
+           "resolve_method"]
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # the 1/sqrt(2) residual rescaling of the depth study (section 4.1)
 # Dynamic Tanh's alpha0 (Zhu et al., CVPR 2025, "Initialization of alpha"): 0.5 for every non-LLM model they train,
@@ -80,8 +81,10 @@ FAMILIES = {
 #   "":      it does not (the method needs the library's own blocks, or is a baseline: train the model as written);
 #   "fixup": every normalisation becomes a scalar bias (or goes), the Fixup rule (fixup.fixup_init_);
 #   "gate":  every normalisation goes, each branch ends in a gate at 0, drawn by the method's initialiser;
-#   "dyt":   every LayerNorm becomes a DyT where it stood (its affine kept), nothing else changes (Method.dyt_alpha).
-ADAPT_FORMS = ("", "fixup", "gate", "dyt")
+#   "dyt":   every LayerNorm becomes a DyT where it stood (its affine kept), nothing else changes (Method.dyt_alpha);
+#   "nf":    every normalisation goes, every convolution is weight-standardised, each activation scaled by its gamma
+#            and each branch h + alpha * g * F(h / beta) on the recorded residual sums (fixup._adapt._nf).
+ADAPT_FORMS = ("", "fixup", "gate", "dyt", "nf")
 # Gradient clipping: the one vocabulary of the method table (Method.clip: "" when the method prescribes none), of
 # the training config (TrainConfig.clip, which adds "auto": the method's own, else "norm") and of the recipe the
 # engine applies (fixup.train.recipe). Each with what it is, as a recipe's note says it.
@@ -252,11 +255,11 @@ _ALL: tuple[Method, ...] = (
            "g * F(h / beta) with beta the analytic std of h, alpha 0.2 and a skip gain g that starts at 0, no "
            "normalisation; AGC on every parameter but the classifier, gains and biases undecayed (the authors' code)",
            initialiser="nf_resnet", nf=True, gate=True, family="resnet", clip="agc", agc_exempt="classifier",
-           decay_gains=False, drop_path=0.1),
+           decay_gains=False, drop_path=0.1, adapt="nf"),
     Method("none", "nf_resnet_nozero", "NF-ResNet without the zero-started skip gain: the block h + alpha * "
            "F(h / beta) as the paper analyses it (variant); otherwise nf_resnet's recipe",
            initialiser="nf_resnet", nf=True, family="resnet", clip="agc", agc_exempt="classifier", decay_gains=False,
-           drop_path=0.1),
+           drop_path=0.1, adapt="nf"),
     Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
            "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
            initialiser="t_fixup", family="transformer", warmup=False),
@@ -271,8 +274,8 @@ _ALL: tuple[Method, ...] = (
 # "batchnorm", "groupnorm", "layernorm", "skipinit", "skipinit_he", "rezero", "nf_resnet", "nf_resnet_nozero",
 # "t_fixup", "dyt".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
-# The methods fixup.adapt applies (Method.adapt): Fixup, those whose only structural change is a gate per branch, and
-# DyT in place of each LayerNorm.
+# The methods fixup.adapt applies (Method.adapt): Fixup, those whose only structural change is a gate per branch, the
+# NF-ResNets on the recorded residual sums, and DyT in place of each LayerNorm.
 ADAPT_METHODS = tuple(name for name, m in METHODS.items() if m.adapt)
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier",
                 "dyt": "xavier"}
@@ -323,3 +326,14 @@ def as_method(method: Method | str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose among {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def model_method(model: object) -> Method | None:
+    """The method ``model`` was built for (``model.method``, the library's models) or adapted to by
+    :func:`fixup.adapt` (``model.adapted_method``, set where the adapted form has a recipe of its own: the
+    NF-ResNets'), else ``None``. What the recipe's readers (AGC's rule, the optimiser groups) ask of a model."""
+    for attr in ("method", "adapted_method"):
+        found = getattr(model, attr, None)
+        if isinstance(found, Method):
+            return found
+    return None

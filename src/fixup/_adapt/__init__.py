@@ -43,6 +43,8 @@ from . import _vocab as V
 from ._dyt import DyTAdaptReport, DyTRecord, adapt_dyt
 from ._graph import AdaptError, Analysis, Residual, analyse
 from ._modules import DeclaredTokens, DeclaredTrunk
+from ._nf import adapt_nf
+from ._nf_report import NFActivation, NFAdaptReport, NFResidual
 from ._options import Chosen, check_options
 from ._record import Recording, record
 from ._report import AdaptReport, GateAdaptReport, NormChange, ResidualRecord
@@ -51,8 +53,8 @@ from ._trunk import TRUNK_RULES, TrunkRecord, trunk_init_
 from ._weights import WeightsLoaded, load_original, untie_
 
 __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "DyTAdaptReport", "DyTRecord",
-           "GateAdaptReport", "NormChange", "ResidualRecord", "TrunkRecord", "WeightsLoaded", "adapt", "load_original",
-           "trunk_init_"]
+           "GateAdaptReport", "NFActivation", "NFAdaptReport", "NFResidual", "NormChange", "ResidualRecord",
+           "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -128,7 +130,7 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
           untie_weights: bool = True, state_dict: Mapping[str, Tensor] | None = None,
           generator: torch.Generator | None = None, mode: str | None = None, trunk: str = "lsuv", method: str = "fixup",
           gate_biases: bool = False, leaf_modules: tuple[type[nn.Module], ...] = (), private: bool = False,
-          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport | DyTAdaptReport]:
+          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport | DyTAdaptReport | NFAdaptReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
 
     With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
@@ -191,8 +193,10 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
                                        state_dict=state_dict)
         dyt_report.private = _private_readiness(copied, as_inputs(example_input), private)
         return copied, dyt_report
-    gated = chosen.method.adapt == "gate"
     seen = _record_model(model, as_inputs(example_input), strict, leaf_modules)
+    if chosen.method.adapt == "nf":
+        return _adapt_nf(seen, chosen, generator, state_dict, private)
+    gated = chosen.method.adapt == "gate"
     source, args = seen.source, seen.args
     rw, pairs, untied = _rewrite(seen, gated=gated, gate_biases=gate_biases, untie_weights=untie_weights)
     report = _initialise(source, chosen, rw, generator)
@@ -201,6 +205,22 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
                                                state_dict=state_dict, private=private, gated=gated)
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
     return source, result
+
+
+def _adapt_nf(seen: _Seen, chosen: Chosen, generator: torch.Generator | None,
+              state_dict: Mapping[str, Tensor] | None, private: bool) -> tuple[nn.Module, NFAdaptReport]:
+    """The NF-ResNet form of the recorded copy (:mod:`fixup._adapt._nf`), with the weights loaded, the readiness for
+    Opacus and the warnings issued."""
+    source, args = seen.source, seen.args
+    report = adapt_nf(source, args, seen.rec, seen.analysis, chosen.method, nonlinear_before=seen.nonlinear_before,
+                      leaf_modules=seen.leaf_modules, generator=generator)
+    loaded = load_original(source, state_dict) if state_dict is not None else WeightsLoaded()
+    report.weights_loaded, report.weights_dropped = loaded.loaded, loaded.dropped
+    report.warnings = [*seen.problems, *_notes(seen, []),
+                       *report.warnings]
+    report.private = _private_readiness(source, args, private)
+    warn_report(AdaptReport(warnings=report.warnings), stacklevel=3)
+    return source, report
 
 
 def _measure_and_report(seen: _Seen, rw: Rewriter, pairs: list[tuple[Residual, Branch]], untied: list[str],
@@ -218,7 +238,8 @@ def _measure_and_report(seen: _Seen, rw: Rewriter, pairs: list[tuple[Residual, B
     residuals = [ResidualRecord(branch_names[id(b)], r.add.name, r.fork.name, r.shortcut_kind,
                                 [str(n.target) for n in r.layers], [str(n.target) for n in r.gates])
                  for r, b in pairs]
-    new_warnings = [*seen.problems, *untied, *_notes(seen, rw), *_measured_warnings(trunk_records, signal, loaded)]
+    new_warnings = [*seen.problems, *untied, *_notes(seen, rw.notes),
+                    *_measured_warnings(trunk_records, signal, loaded)]
     readiness = _private_readiness(source, args, private)
     data = dict(vars(report))
     data["warnings"] = [*data["warnings"], *new_warnings]
@@ -347,9 +368,9 @@ def _verify(seen: _Seen, branches: list[tuple[str, Branch]]) -> list[str]:
     return nonlinear_after
 
 
-def _notes(seen: _Seen, rw: Rewriter) -> list[str]:
+def _notes(seen: _Seen, rewrite_notes: list[str]) -> list[str]:
     """What the analysis and the rewrite chose that the user should know."""
-    notes = [*seen.analysis.notes, *rw.notes]
+    notes = [*seen.analysis.notes, *rewrite_notes]
     if seen.swapped:
         notes.append(f"PyTorch Transformer modules ({', '.join(seen.swapped[:3])}) run their documented "
                      "non-fast-path computation (a subclass of the same module), as the fused fast path reads the "

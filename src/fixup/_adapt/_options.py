@@ -53,12 +53,7 @@ def adapted_method(method: str) -> Method:
         raise ValueError(f"{head}: {err}") from None
     if m.adapt:
         return m
-    if m.nf:
-        why = ("its blocks must become NF blocks (weight-standardised convolutions, h + alpha * F(h / beta)), which "
-               f"only the library's ResNets build: fixup.create_model('resnet50', method={m.name!r}) (CIFAR, Wide "
-               "and ImageNet ResNets); for a model written elsewhere adapt with method='fixup', 'skipinit' or "
-               "'rezero', and clip with fixup.adaptive_clip_grad_ (AGC) if you want NF-ResNets' clipping")
-    elif m.family == "transformer":
+    if m.family == "transformer":
         why = ("it scales each stack of the library's encoder-decoder Transformer by that stack's depth: "
                f"fixup.create_model('transformer_tiny', method={m.name!r}); for another Transformer adapt with "
                "method='fixup' or 'rezero'")
@@ -85,8 +80,8 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
             raise ValueError(f"{key} must be one of {FAN_MODES}, got {given[key]!r}")
     if "base" in given and given["base"] not in BASE_INITS:
         raise ValueError(f"base must be one of {BASE_INITS}, got {given['base']!r}")
-    if chosen.adapt == "dyt":
-        return _check_dyt(chosen, trunk, gate_biases, given)
+    if chosen.adapt in ("dyt", "nf"):
+        return _check_fixed(chosen, trunk, gate_biases, given)
     gated = chosen.adapt == "gate"
     if not gated and gate_biases:
         raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'); Fixup "
@@ -103,10 +98,19 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
     return Chosen(chosen, given)
 
 
-def _check_dyt(chosen: Method, trunk: str, gate_biases: bool, given: dict[str, Any]) -> Chosen:
-    """DyT changes nothing but the LayerNorms: it draws no weight, declares no branch and no trunk."""
-    head = (f"method={chosen.name!r} puts a DyT in place of each LayerNorm and changes nothing else (no weight drawn, "
-            "no branch or trunk)")
+# What the methods that take none of the initialiser's options do instead (Method.adapt -> the sentence).
+_FIXED = {
+    "dyt": "puts a DyT in place of each LayerNorm and changes nothing else (no weight drawn, no branch or trunk)",
+    "nf": ("standardises every convolution, so the standardisation, not the draw, sets each layer's scale (raw "
+           "weights N(0, 1/fan_in) as the library's NF-ResNet), and scales each branch by alpha and 1/beta instead "
+           "of any depth rule; the trunk is standardised too"),
+}
+
+
+def _check_fixed(chosen: Method, trunk: str, gate_biases: bool, given: dict[str, Any]) -> Chosen:
+    """DyT changes nothing but the LayerNorms: it draws no weight, declares no branch and no trunk. The NF-ResNet
+    form fixes every convolution's scale by standardisation: no fan, base, depth rule or trunk rule applies."""
+    head = f"method={chosen.name!r} {_FIXED[chosen.adapt]}"
     if given:
         key = next(iter(given))
         raise ValueError(f"{key}= sets {INIT_OPTIONS[key]}, which does not apply: {head}. Leave {key} out, or use "

@@ -104,8 +104,10 @@ class Rewriter:
         return out
 
     # --- normalisation ---
-    def norms_out(self, biases: bool = True) -> None:
-        """Take every normalisation out: a scalar bias in its place where Fixup keeps one (``biases``), else none."""
+    def norms_out(self, biases: bool = True,
+                  removed_why: str = "a gated method adds no bias (gate_biases=False)") -> None:
+        """Take every normalisation out: a scalar bias in its place where Fixup keeps one (``biases``), else none
+        (the report saying ``removed_why``)."""
         owner = {n: r for r in self.an.residuals for n in r.data}
         done: set[str] = set()
         for node in list(self.graph.nodes):
@@ -123,7 +125,7 @@ class Rewriter:
             else:
                 action, why = "removed", "on the residual stream or a shortcut (Fixup keeps no bias there)"
             if not biases:
-                action, why = "removed", "a gated method adds no bias (gate_biases=False)"
+                action, why = "removed", removed_why
             mod = self.modules[path]
             if node.meta.get(FUSED):
                 tail = self._fused_tail(node, path, mod)

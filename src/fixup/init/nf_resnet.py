@@ -23,11 +23,11 @@ from ..method import Method
 from ..nn import ScaledStdConv2d
 from ..report import LayerRecord, NFBlockRecord, NFReport
 from ._layers import check_layer, draw_, record
-from ._skeleton import module_names, norm_warnings, remaining_norms, sweep_rest_
+from ._skeleton import Rest, module_names, norm_warnings, remaining_norms, sweep_rest_
 from .fans import fans, groups_of, he_std
 
 # Its report lives in fixup.report with the others; it is named here too, for the imports that predate the move.
-__all__ = ["CLASSIFIER_STD", "NFBlockRecord", "NFReport", "initialise_"]
+__all__ = ["CLASSIFIER_STD", "NFBlockRecord", "NFReport", "draw_standardized_", "initialise_"]
 
 CLASSIFIER_STD = 0.01  # the classifier's normal std in the authors' released NF-ResNets (bias 0)
 
@@ -36,6 +36,34 @@ def _raw_std(conv: nn.Module) -> float:
     """The std of a standardised layer's raw weights: 1/sqrt(fan_in), so that each row has about unit norm and
     the standardised weight is close to the raw one (the gradient's scale is that of an ordinary layer)."""
     return 1.0 / math.sqrt(fans(conv.weight, groups_of(conv))[0])
+
+
+@torch.no_grad()
+def draw_standardized_(model: nn.Module, classifier: list[nn.Module], cls_names: list[str],
+                       generator: torch.Generator | None) -> tuple[dict[str, LayerRecord], list[LayerRecord], Rest]:
+    """The NF-ResNet's draws: every :class:`ScaledStdConv2d` raw N(0, 1/fan_in) with gain 1 and bias 0, the
+    classifier N(0, 0.01) with bias 0, any other weight layer He from its fan-in, every gate at 0 (every scalar at
+    its start). Returns the standardised layers' records by name, the classifier's, and the rest's."""
+    handled = {id(c) for c in classifier}
+    records: dict[str, LayerRecord] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, ScaledStdConv2d):
+            std = _raw_std(mod)
+            draw_(mod, std, generator)
+            mod.gain.fill_(1.0)
+            records[name] = record(name, mod, std)
+            handled.add(id(mod))
+    cls_records = []
+    for layer, lname in zip(classifier, cls_names):
+        draw_(layer, CLASSIFIER_STD, generator)
+        cls_records.append(record(lname, layer, CLASSIFIER_STD))
+
+    def draw_other(mod: nn.Module, name: str) -> LayerRecord:  # any other weight layer: He from its fan-in
+        std = he_std(mod.weight, "fan_in", groups_of(mod))
+        draw_(mod, std, generator)
+        return record(name, mod, std)
+
+    return records, cls_records, sweep_rest_(model, handled, draw_other)  # a gate starts at 0
 
 
 @torch.no_grad()
@@ -60,28 +88,8 @@ def initialise_(model: nn.Module, method: Method, *, generator: torch.Generator 
     norms = remaining_norms(model)
     warnings = norm_warnings(norms, f"{method.name} removes it")
 
-    handled = {id(c) for c in classifier}
-    records: dict[str, LayerRecord] = {}
-    num_standardized = 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, ScaledStdConv2d):
-            std = _raw_std(mod)
-            draw_(mod, std, generator)
-            mod.gain.fill_(1.0)
-            records[name] = record(name, mod, std)
-            handled.add(id(mod))
-            num_standardized += 1
-    cls_records = []
-    for layer, lname in zip(classifier, cls_names):
-        draw_(layer, CLASSIFIER_STD, generator)
-        cls_records.append(record(lname, layer, CLASSIFIER_STD))
-
-    def draw_other(mod: nn.Module, name: str) -> LayerRecord:  # any other weight layer: He from its fan-in
-        std = he_std(mod.weight, "fan_in", groups_of(mod))
-        draw_(mod, std, generator)
-        return record(name, mod, std)
-
-    rest = sweep_rest_(model, handled, draw_other)  # a gate starts at 0
+    records, cls_records, rest = draw_standardized_(model, classifier, cls_names, generator)
+    num_standardized = len(records)
 
     blocks = []
     for block_name, branch in branches:
