@@ -21,6 +21,12 @@ conjunction; adjectives after the noun; gender and number agreement)::
 Each target noun has a gender drawn from the seed, which the determiner and the adjectives must match;
 the verb and auxiliary agree with the subject's person and number, which the source verb never
 shows. A copy of the source scores about zero BLEU, since the two vocabularies are disjoint.
+
+A shifted task (for transfer: benchmarks/transfer_text.py) keeps the seed, and so both vocabularies and the
+source sentences, and changes the target's word order: ``main_order="verb-final"`` puts the finite verb of main
+clauses last, as in subordinate ones (``NP_subj [ADV] NP_obj [PP] VERB-agr``, ``... PARTICIPLE AUX-agr``), and
+``adjective_order="before"`` puts the adjectives between the determiner and the noun (``DET-agr ADJ-agr{0,2}
+NOUN-num``). Agreement is unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ _GENDERS = ("m", "f", "n")
 _VERB_ENDINGS = ("o", "as", "at", "om", "et", "on")
 _ADJ_ENDINGS = {"m": "er", "f": "a", "n": "es", "pl": "en"}
 _PLURAL = {"m": "e", "f": "n", "n": "ir"}
+MAIN_ORDERS = ("verb-second", "verb-final")  # the finite verb of a target main clause: second, or last
+ADJECTIVE_ORDERS = ("after", "before")  # target adjectives after the noun, or before it
 
 
 @dataclass
@@ -59,8 +67,13 @@ class SyntheticTranslationConfig:
     p_pronoun: float = 0.25  # chance that a subject is a pronoun
     p_pp: float = 0.4  # chance of a prepositional phrase
     p_adverb: float = 0.4
+    main_order: str = "verb-second"  # target main clauses: "verb-second", or "verb-final" (a shifted task)
+    adjective_order: str = "after"  # target adjectives "after" the noun, or "before" it (a shifted task)
 
     def __post_init__(self) -> None:
+        for name, valid in (("main_order", MAIN_ORDERS), ("adjective_order", ADJECTIVE_ORDERS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
         for name in ("train", "valid", "test", "nouns", "verbs", "adjectives", "adverbs", "prepositions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
@@ -141,8 +154,9 @@ def _noun_phrase(rng: random.Random, cfg: SyntheticTranslationConfig, lex: Lexic
     src = [lex.src["det"][0 if definite else 1], *(lex.src["adj"][a] for a in adjs),
            lex.src["noun"][noun] + ("ri" if plural else "")]
     det = (0 if definite else 4) + ("m", "f", "n", "pl").index(agr)
-    tgt = [lex.tgt["det"][det], lex.tgt["noun"][noun] + (_PLURAL[g] if plural else ""),
-           *(lex.tgt["adj"][a] + _ADJ_ENDINGS[agr] for a in adjs)]
+    noun_t = [lex.tgt["noun"][noun] + (_PLURAL[g] if plural else "")]
+    adjs_t = [lex.tgt["adj"][a] + _ADJ_ENDINGS[agr] for a in adjs]
+    tgt = [lex.tgt["det"][det], *((adjs_t + noun_t) if cfg.adjective_order == "before" else (noun_t + adjs_t))]
     return src, tgt, 5 if plural else 2
 
 
@@ -167,7 +181,7 @@ def _clause(rng: random.Random, cfg: SyntheticTranslationConfig, lex: Lexicon, s
         src.append(lex.src["tense"][tense])
         finite, participle = lex.tgt["aux"][6 * tense + person], ["ge" + lex.tgt["verb"][verb]]
     middle = [*adv_t, *obj_t, *pp_t]
-    if subordinate:  # verb-final
+    if subordinate or cfg.main_order == "verb-final":
         tgt = [*subj_t, *middle, *participle, finite]
     else:  # verb-second
         tgt = [*subj_t, finite, *middle, *participle]

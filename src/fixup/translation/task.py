@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.synthetic_translation import SyntheticTranslationConfig, write_synthetic_task
-from ..data.text import PAD, ParallelData, collate, load_parallel_data, token_batches
+from ..data.text import PAD, ParallelData, collate, copy_vocabulary, load_parallel_data, token_batches
 from ..models import create_model
 from ..train.config import check_keys
 from .evaluate import DecodeConfig, corpus_bleu, translate_pairs
@@ -77,6 +77,16 @@ class TranslationOptions:
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
     synthetic_train: int = 30000  # its training pairs
     synthetic_eval: int = 1000  # its valid and its test pairs (each)
+    # the generated task's target word order: "verb-final" main clauses and adjectives "before" the noun make a
+    # shifted task with the same vocabularies and source sentences (fixup.data.synthetic_translation)
+    synthetic_main_order: str = "verb-second"
+    synthetic_adjective_order: str = "after"
+    # the sentencepiece models of another run (its OUT/vocab folder), copied into this run's instead of learning
+    # new ones: fine-tuning a trained model needs the vocabulary it was trained with
+    vocab_dir: str = ""
+    # a model written by fixup.save_converted (a LayerNorm Transformer of the same configuration, converted without
+    # normalisation), fine-tuned from its weights instead of a new model; --norm and --init stay at their defaults
+    converted: str = ""
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
@@ -109,8 +119,12 @@ class TranslationTask:
             self.data_dir = Path(config.data_dir)
         else:
             synth = SyntheticTranslationConfig(seed=o.synthetic_seed, train=o.synthetic_train,
-                                               valid=o.synthetic_eval, test=o.synthetic_eval)
+                                               valid=o.synthetic_eval, test=o.synthetic_eval,
+                                               main_order=o.synthetic_main_order,
+                                               adjective_order=o.synthetic_adjective_order)
             self.data_dir = write_synthetic_task(self.work_dir / "data", synth)
+        if o.vocab_dir:
+            copy_vocabulary(o.vocab_dir, self.work_dir / "vocab", o.joint_vocab)
         self.data: ParallelData = load_parallel_data(
             self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,
             vocab_size=o.vocab_size, joint_vocab=o.joint_vocab, model_type=o.spm_model, max_len=o.max_len)
@@ -121,8 +135,13 @@ class TranslationTask:
 
     # -- the Task protocol --------------------------------------------------------------------------
     def build_model(self, config: TrainConfig) -> nn.Module:
+        if self.options.converted:
+            return self._converted_model(config)
+        return self._registered_model(config, config.norm)
+
+    def _registered_model(self, config: TrainConfig, norm: str) -> nn.Module:
         o = self.options
-        kwargs: dict[str, Any] = {"norm": config.norm, "src_vocab": len(self.data.src_vocab),
+        kwargs: dict[str, Any] = {"norm": norm, "src_vocab": len(self.data.src_vocab),
                                   "tgt_vocab": len(self.data.tgt_vocab), "pad_id": PAD, "dropout": config.dropout,
                                   "share_embeddings": o.share_embeddings, "pre_norm": o.pre_norm,
                                   "attention_dropout": o.attention_dropout,
@@ -134,6 +153,23 @@ class TranslationTask:
         if config.width:
             kwargs["d_model"] = config.width
         return create_model(config.model, **kwargs)
+
+    def _converted_model(self, config: TrainConfig) -> nn.Module:
+        """The converted model saved at ``options.converted``, to fine-tune as saved: :func:`fixup.load_converted`
+        replays the conversion on the registered ``--model`` built with LayerNorm (``pre_norm`` and the model
+        overrides as for training it) and loads the file's weights (``weights_only=True``); nothing is
+        re-initialised, so the first step starts from the converted, trained function."""
+        from .._convert import load_converted
+
+        path = self.options.converted
+        if config.norm not in ("fixup", "none") or config.init:
+            raise ValueError(f'extra "converted" fine-tunes a converted model as saved, without normalisation; '
+                             f"norm={config.norm!r}, init={config.init!r} would build another model: leave --norm "
+                             "and --init at their defaults (or --norm none)")
+        if not Path(path).is_file():
+            raise ValueError(f'extra "converted": no file {path} (write one with fixup.save_converted)')
+        model, _ = load_converted(path, self._registered_model(config, "layernorm"))
+        return model.train()  # convert takes an eval-mode model and its copy keeps that mode
 
     def steps_per_epoch(self, shard: Shard) -> int:
         return self.options.eval_updates or self._steps_per_pass(shard)
