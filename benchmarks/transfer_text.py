@@ -231,7 +231,7 @@ def table(table_rows: list[dict[str, Any]]) -> str:
         s = row.get(key)
         return "" if s is None else f"{s['mean']:{fmt}} ± {s['std']:{fmt}} (n={s['n']})"
 
-    lines = ["| route | function change, RMS (max) | BLEU on A after conversion | BLEU on B before fine-tuning | "
+    lines = ["| route | function change, RMS (max) | BLEU on A (as converted) | BLEU on B before fine-tuning | "
              "BLEU on B after fine-tuning | rate |", "|---|---|---|---|---|---|"]
     for row in table_rows:
         change = "0 (kept)" if row["route"] == "layernorm" else ""
@@ -243,6 +243,18 @@ def table(table_rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {LABELS[row['route']]} | {change} | {cell(row, 'source_test_bleu')} | "
                      f"{cell(row, 'target_test_bleu')} | {after} | {rate} |")
     return "\n".join(lines)
+
+
+def paired(runs: list[dict[str, Any]], rates: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Each route's BLEU on B after fine-tuning minus the LayerNorm model's, seed by seed (each seed's routes start
+    from the same pre-trained model), at the chosen rates."""
+    after = {(r["route"], r["seed"]): r["test_bleu"] for r in runs if r["lr"] == rates.get(r["route"])}
+    out = {}
+    for route in ROUTES:
+        seeds = sorted(s for (k, s) in after if k == route and ("layernorm", s) in after)
+        if route != "layernorm" and seeds:
+            out[route] = summary([after[route, s] - after["layernorm", s] for s in seeds])
+    return out
 
 
 # --- main -------------------------------------------------------------------------------------------------------
@@ -265,6 +277,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", default="runs/transfer_text", help="data, vocabulary and converted models")
     p.add_argument("--smoke", action="store_true", help="a tiny model, tiny tasks, a few updates: seconds")
     p.add_argument("--json", default=None, help="write the command, settings, every run and the table")
+    p.add_argument("--summarise", default=None, metavar="JSON",
+                   help="train nothing: print the table of a results file and each route's paired difference")
     args = p.parse_args(argv)
     if args.smoke:
         args.seeds, args.search_seeds, args.lrs = args.seeds[:1], args.seeds[:1], args.lrs[:1]
@@ -276,6 +290,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    if args.summarise:
+        import json
+
+        saved = json.loads(Path(args.summarise).read_text())
+        diffs = paired(saved["runs"], saved["rates"])
+        print(table(saved["rows"]))
+        for route, d in diffs.items():
+            print(f"{LABELS[route]} minus LayerNorm kept, BLEU on B after fine-tuning, paired by seed: "
+                  f"{d['mean']:+.2f} ± {d['std']:.2f} (n={d['n']})")
+        return {"table": table(saved["rows"]), "paired": diffs}
     torch.set_num_threads(1)
     command = "PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/transfer_text.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
@@ -322,6 +346,7 @@ def write(args: argparse.Namespace, command: str, runs: list[dict[str, Any]], se
            "pretrained": {s: {k: v for k, v in d.items() if k != "before"} for s, d in seeds.items()},
            "before": {s: d.get("before", {}) for s, d in seeds.items()},
            "runs": runs, "rates": rates, "rows": table_rows, "table": table(table_rows),
+           "paired_with_layernorm": paired(runs, rates),
            "seconds": time.perf_counter() - started}
     if final:
         print(out["table"])

@@ -152,3 +152,7 @@ def test_the_text_transfer_benchmark_smoke_mode(tmp_path, one_thread) -> None:
     for b in before.values():
         assert 0 <= b["target_test_bleu"] <= 100
     assert len(saved["table"].splitlines()) == 2 + len(bench.ROUTES)
+    diffs = bench.main(["--summarise", str(tmp_path / "t.json")])["paired"]  # each route against LayerNorm, by seed
+    runs = {r["route"]: r["test_bleu"] for r in out["runs"]}
+    assert set(diffs) == {"affine", "dyt", "scratch"}
+    assert diffs["dyt"]["values"] == [runs["dyt"] - runs["layernorm"]]
