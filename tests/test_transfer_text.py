@@ -108,6 +108,22 @@ def test_the_fine_tuning_starts_from_the_converted_weights(source, tmp_path, one
     assert abs(fresh - expected) > 1e-3
 
 
+def test_fixup_translate_fine_tunes_a_converted_model(source, tmp_path, capsys, one_thread) -> None:
+    from fixup.cli import main
+
+    extra = {**SHIFTED, "converted": source["saved"]["affine"][0], "vocab_dir": str(source["work"] / "vocab"),
+             "synthetic_train": 200, "synthetic_eval": 10, "max_tokens": 512, "bleu_limit": 0, "model": TINY}
+    code = main(["translate", "--extra", json.dumps(extra), "--lr", "0.003", "--schedule", "cosine", "--warmup-steps",
+                 "1", "--clip", "norm", "--grad-clip", "1", "--max-updates", "2", "--beam", "1", "--no-progress",
+                 "--out-dir", str(tmp_path / "run")])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "translation.json").read_text())
+    assert summary["task"]["options"]["converted"] == extra["converted"]
+    assert (tmp_path / "run" / "vocab" / "spm.src.model").read_bytes() == (
+        source["work"] / "vocab" / "spm.src.model").read_bytes()
+    assert 0 <= summary["bleu"]["bleu"] <= 100
+
+
 def test_converted_and_vocab_dir_refuse_what_cannot_be_meant(source, tmp_path) -> None:
     config = _target_config(source, tmp_path, "affine", norm="layernorm")
     with pytest.raises(ValueError, match="without normalisation"):
