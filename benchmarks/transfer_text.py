@@ -1,7 +1,7 @@
 """Transfer without normalisation, text side (issue 37): a trained LayerNorm Transformer converted by
 ``fixup.convert`` and fine-tuned on a shifted translation task, beside the LayerNorm model fine-tuned alike.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 nice python benchmarks/transfer_text.py --json benchmarks/results/transfer_text.json
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/transfer_text.py --json benchmarks/results/transfer_text.json
     PYTHONPATH=src python benchmarks/transfer_text.py --smoke      # every route, a few updates of a tiny model
 
 Tasks (``fixup.data.synthetic_translation``, seed 0: the same two invented languages and the same source sentences
@@ -54,7 +54,6 @@ import torch
 from torch import nn
 
 import fixup
-from fixup.data.synthetic_translation import SyntheticTranslationConfig, write_synthetic_task
 from fixup.data.text import collate, token_batches
 from fixup.train import TrainConfig, fit
 from fixup.translation.evaluate import DecodeConfig, corpus_bleu, evaluate_bleu

@@ -132,7 +132,7 @@ def test_converted_and_vocab_dir_refuse_what_cannot_be_meant(source, tmp_path) -
                                              "converted": str(tmp_path / "missing.pt")})
     with pytest.raises(ValueError, match="no file"):
         TranslationTask(config, work_dir=tmp_path / "b").build_model(config)
-    with pytest.raises(ValueError, match="holds no spm.src.model"):
+    with pytest.raises(ValueError, match=r"holds no spm\.src\.model"):
         TranslationTask(_config(tmp_path / "c", extra={"vocab_dir": str(tmp_path)}), work_dir=tmp_path / "c")
     other = tmp_path / "d"
     TranslationTask(_config(other, extra={"vocab_size": 150, "synthetic_seed": 3}), work_dir=other)  # its own vocab
