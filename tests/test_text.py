@@ -135,6 +135,35 @@ def test_hard_task_has_rare_words_and_longer_sentences(tmp_path):
         SyntheticTranslationConfig(p_relative=1.5)
 
 
+def test_a_shifted_task_changes_the_target_order_only(tmp_path):
+    """The shifted task (transfer) has the same source sentences and the same target words, in another order: main
+    clauses verb-final and adjectives before the noun; the default task is unchanged by the option's existence."""
+    import dataclasses
+
+    shifted = dataclasses.replace(SMALL, main_order="verb-final", adjective_order="before")
+    a, b = write_synthetic_task(tmp_path / "a", SMALL), write_synthetic_task(tmp_path / "b", shifted)
+    assert (a / "train.src").read_bytes() == (b / "train.src").read_bytes()
+    lex = make_lexicon(SMALL)
+    adjectives = {w + e for w in lex.tgt["adj"] for e in ("er", "a", "es", "en")}
+    pairs = list(zip(*((f / "train.tgt").read_text().splitlines() for f in (a, b)),
+                     (a / "train.src").read_text().splitlines()))
+    moved = 0
+    for ta, tb, src in pairs:
+        wa, wb = ta.removesuffix(".").split(), tb.removesuffix(".").split()
+        assert sorted(wa) == sorted(wb)  # the same words, agreement included
+        moved += wa != wb
+        last = src.removesuffix(".").split()[-1]
+        if last in lex.src["verb"] and not set(src.split()) & set(lex.src["coord"] + lex.src["subord"]):
+            verb = lex.tgt["verb"][lex.src["verb"].index(last)]
+            assert wb[-1].startswith(verb) and not wb[-1].startswith("ge")  # the finite verb last
+        for i, w in enumerate(wb[1:], 1):  # an adjective follows the determiner or an adjective, never a noun
+            if w in adjectives:
+                assert wb[i - 1] in lex.tgt["det"] or wb[i - 1] in adjectives
+    assert moved > 0.8 * len(pairs)
+    with pytest.raises(ValueError, match="main_order must be one of verb-second, verb-final"):
+        SyntheticTranslationConfig(main_order="verb-first")
+
+
 def test_text_pipeline_roundtrip_and_vocabulary_reuse(tmp_path):
     data_dir = write_synthetic_task(tmp_path / "data", SMALL)
     data = load_parallel_data(data_dir, tmp_path / "run", vocab_size=300)

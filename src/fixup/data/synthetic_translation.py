@@ -32,6 +32,12 @@ what makes translation hard for a small model, so that systems sit well below th
 * a vocabulary ten times larger, its content words drawn with Zipf's law (``zipf``), so that many test
   sentences hold words seen a handful of times in training, or never;
 * longer sentences (more second clauses).
+
+A shifted task (for transfer: benchmarks/transfer_text.py) keeps the seed, and so both vocabularies and the
+source sentences, and changes the target's word order: ``main_order="verb-final"`` puts the finite verb of main
+clauses last, as in subordinate ones (``NP_subj [ADV] NP_obj [PP] VERB-agr``, ``... PARTICIPLE AUX-agr``), and
+``adjective_order="before"`` puts the adjectives between the determiner and the noun (``DET-agr ADJ-agr{0,2}
+NOUN-num``). Agreement is unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Lexicon", "SYNTHETIC_TASKS", "SyntheticTranslationConfig", "generate_pairs", "make_lexicon",
            "synthetic_task", "word_for_word", "write_synthetic_task"]
@@ -51,6 +58,8 @@ _GENDERS = ("m", "f", "n")
 _VERB_ENDINGS = ("o", "as", "at", "om", "et", "on")
 _ADJ_ENDINGS = {"m": "er", "f": "a", "n": "es", "pl": "en"}
 _PLURAL = {"m": "e", "f": "n", "n": "ir"}
+MAIN_ORDERS = ("verb-second", "verb-final")  # the finite verb of a target main clause: second, or last
+ADJECTIVE_ORDERS = ("after", "before")  # target adjectives after the noun, or before it
 
 
 @dataclass
@@ -73,8 +82,13 @@ class SyntheticTranslationConfig:
     p_relative: float = 0.0  # chance that a noun phrase (not a pronoun) carries a relative clause
     relative_depth: int = 1  # relative clauses inside relative clauses, at most this deep
     zipf: float = 0.0  # content words drawn with probability ~ 1 / rank^zipf (0: uniformly)
+    main_order: str = "verb-second"  # target main clauses: "verb-second", or "verb-final" (a shifted task)
+    adjective_order: str = "after"  # target adjectives "after" the noun, or "before" it (a shifted task)
 
     def __post_init__(self) -> None:
+        for name, valid in (("main_order", MAIN_ORDERS), ("adjective_order", ADJECTIVE_ORDERS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
         for name in ("train", "valid", "test", "nouns", "verbs", "adjectives", "adverbs", "prepositions",
                      "relative_depth"):
             if getattr(self, name) < 1:
@@ -95,11 +109,12 @@ SYNTHETIC_TASKS: dict[str, dict[str, float | int]] = {
 }
 
 
-def synthetic_task(name: str = "quick", **sizes: int) -> SyntheticTranslationConfig:
-    """The config of the named generated task (:data:`SYNTHETIC_TASKS`); ``sizes`` sets seed/train/valid/test."""
+def synthetic_task(name: str = "quick", **changes: Any) -> SyntheticTranslationConfig:
+    """The config of the named generated task (:data:`SYNTHETIC_TASKS`), with ``changes`` (seed, sizes, word
+    order, ...) over it."""
     if name not in SYNTHETIC_TASKS:
         raise ValueError(f"unknown generated task {name!r}; choose one of {', '.join(SYNTHETIC_TASKS)}")
-    return SyntheticTranslationConfig(**{**SYNTHETIC_TASKS[name], **sizes})
+    return SyntheticTranslationConfig(**{**SYNTHETIC_TASKS[name], **changes})
 
 
 @dataclass
@@ -197,8 +212,9 @@ def _noun_phrase(rng: random.Random, cfg: SyntheticTranslationConfig, lex: Lexic
     src = [lex.src["det"][0 if definite else 1], *(lex.src["adj"][a] for a in adjs),
            lex.src["noun"][noun] + ("ri" if plural else "")]
     det = (0 if definite else 4) + ("m", "f", "n", "pl").index(agr)
-    tgt = [lex.tgt["det"][det], lex.tgt["noun"][noun] + (_PLURAL[g] if plural else ""),
-           *(lex.tgt["adj"][a] + _ADJ_ENDINGS[agr] for a in adjs)]
+    noun_t = [lex.tgt["noun"][noun] + (_PLURAL[g] if plural else "")]
+    adjs_t = [lex.tgt["adj"][a] + _ADJ_ENDINGS[agr] for a in adjs]
+    tgt = [lex.tgt["det"][det], *((adjs_t + noun_t) if cfg.adjective_order == "before" else (noun_t + adjs_t))]
     person = 5 if plural else 2
     if cfg.p_relative and depth < cfg.relative_depth and rng.random() < cfg.p_relative:
         rel_s, rel_t = _relative_clause(rng, cfg, lex, agr, person, depth + 1)
@@ -239,7 +255,7 @@ def _clause(rng: random.Random, cfg: SyntheticTranslationConfig, lex: Lexicon, s
         src.append(lex.src["tense"][tense])
         finite, participle = lex.tgt["aux"][6 * tense + person], ["ge" + lex.tgt["verb"][verb]]
     middle = [*adv_t, *obj_t, *pp_t]
-    if subordinate:  # verb-final
+    if subordinate or cfg.main_order == "verb-final":
         tgt = [*subj_t, *middle, *participle, finite]
     else:  # verb-second
         tgt = [*subj_t, finite, *middle, *participle]

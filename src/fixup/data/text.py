@@ -26,6 +26,7 @@ __all__ = [
     "ParallelBatch",
     "ParallelData",
     "Vocabulary",
+    "copy_vocabulary",
     "learn_vocabulary",
     "load_parallel_data",
     "read_lines",
@@ -90,6 +91,25 @@ def learn_vocabulary(texts: Sequence[str], model_prefix: str | Path, vocab_size:
     path = Path(f"{model_prefix}.model")
     path.write_bytes(model.getvalue())
     return Vocabulary(path)
+
+
+def copy_vocabulary(source: str | Path, vocab_dir: str | Path, joint: bool = False) -> None:
+    """Copy the sentencepiece models of another run (``spm.src.model`` and ``spm.tgt.model``, or
+    ``spm.joint.model``) from ``source`` into ``vocab_dir``, where :func:`load_parallel_data` reuses them.
+
+    A model already in ``vocab_dir`` must be the same file: a run keeps the vocabulary it started with."""
+    source, vocab_dir = Path(source), Path(vocab_dir)
+    names = ("spm.joint.model",) if joint else ("spm.src.model", "spm.tgt.model")
+    for name in names:
+        if not (source / name).is_file():
+            raise ValueError(f"vocab_dir {source} holds no {name}; name the vocab folder of the run that trained the "
+                             f"model ({'joint' if joint else 'separate'} vocabularies, as joint_vocab says)")
+        data, target = (source / name).read_bytes(), vocab_dir / name
+        if target.is_file() and target.read_bytes() != data:
+            raise ValueError(f"{target} differs from {source / name}: this run folder was started with another "
+                             "vocabulary; use a new run folder")
+        vocab_dir.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from ..data.synthetic_translation import (
     synthetic_task,
     write_synthetic_task,
 )
-from ..data.text import PAD, ParallelData, collate, load_parallel_data, token_batches
+from ..data.text import PAD, ParallelData, collate, copy_vocabulary, load_parallel_data, token_batches
 from ..models import create_model
 from ..train.config import check_keys
 from .evaluate import DecodeConfig, corpus_bleu, translate_pairs
@@ -82,6 +82,16 @@ class TranslationOptions:
     synthetic_seed: int = 0  # the generated task's seed (when data_dir is empty)
     synthetic_train: int = 30000  # its training pairs
     synthetic_eval: int = 1000  # its valid and its test pairs (each)
+    # the generated task's target word order: "verb-final" main clauses and adjectives "before" the noun make a
+    # shifted task with the same vocabularies and source sentences (fixup.data.synthetic_translation)
+    synthetic_main_order: str = "verb-second"
+    synthetic_adjective_order: str = "after"
+    # the sentencepiece models of another run (its OUT/vocab folder), copied into this run's instead of learning
+    # new ones: fine-tuning a trained model needs the vocabulary it was trained with
+    vocab_dir: str = ""
+    # a model written by fixup.save_converted (a LayerNorm Transformer of the same configuration, converted without
+    # normalisation), fine-tuned from its weights instead of a new model; --norm and --init stay at their defaults
+    converted: str = ""
     synthetic_task: str = "quick"  # which generated task: quick, or hard (docs/translation.md, "The hard task")
 
     def __post_init__(self) -> None:
@@ -92,7 +102,8 @@ class TranslationOptions:
     def synthetic_config(self) -> SyntheticTranslationConfig:
         """The generated task these options name."""
         return synthetic_task(self.synthetic_task, seed=self.synthetic_seed, train=self.synthetic_train,
-                              valid=self.synthetic_eval, test=self.synthetic_eval)
+                              valid=self.synthetic_eval, test=self.synthetic_eval, main_order=self.synthetic_main_order,
+                              adjective_order=self.synthetic_adjective_order)
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> TranslationOptions:
@@ -125,6 +136,8 @@ class TranslationTask:
             self.data_dir = Path(config.data_dir)
         else:
             self.data_dir = write_synthetic_task(self.work_dir / "data", o.synthetic_config())
+        if o.vocab_dir:
+            copy_vocabulary(o.vocab_dir, self.work_dir / "vocab", o.joint_vocab)
         self.data: ParallelData = load_parallel_data(
             self.data_dir, self.work_dir / "vocab", src_suffix=o.src_suffix, tgt_suffix=o.tgt_suffix,
             vocab_size=o.vocab_size, joint_vocab=o.joint_vocab, model_type=o.spm_model, max_len=o.max_len)
@@ -135,8 +148,13 @@ class TranslationTask:
 
     # -- the Task protocol --------------------------------------------------------------------------
     def build_model(self, config: TrainConfig) -> nn.Module:
+        if self.options.converted:
+            return self._converted_model(config)
+        return self._registered_model(config, config.norm)
+
+    def _registered_model(self, config: TrainConfig, norm: str) -> nn.Module:
         o = self.options
-        kwargs: dict[str, Any] = {"norm": config.norm, "src_vocab": len(self.data.src_vocab),
+        kwargs: dict[str, Any] = {"norm": norm, "src_vocab": len(self.data.src_vocab),
                                   "tgt_vocab": len(self.data.tgt_vocab), "pad_id": PAD, "dropout": config.dropout,
                                   "share_embeddings": o.share_embeddings, "pre_norm": o.pre_norm,
                                   "attention_dropout": o.attention_dropout,
@@ -148,6 +166,23 @@ class TranslationTask:
         if config.width:
             kwargs["d_model"] = config.width
         return create_model(config.model, **kwargs)
+
+    def _converted_model(self, config: TrainConfig) -> nn.Module:
+        """The converted model saved at ``options.converted``, to fine-tune as saved: :func:`fixup.load_converted`
+        replays the conversion on the registered ``--model`` built with LayerNorm (``pre_norm`` and the model
+        overrides as for training it) and loads the file's weights (``weights_only=True``); nothing is
+        re-initialised, so the first step starts from the converted, trained function."""
+        from .._convert import load_converted
+
+        path = self.options.converted
+        if config.norm not in ("fixup", "none") or config.init:
+            raise ValueError(f'extra "converted" fine-tunes a converted model as saved, without normalisation; '
+                             f"norm={config.norm!r}, init={config.init!r} would build another model: leave --norm "
+                             "and --init at their defaults (or --norm none)")
+        if not Path(path).is_file():
+            raise ValueError(f'extra "converted": no file {path} (write one with fixup.save_converted)')
+        model, _ = load_converted(path, self._registered_model(config, "layernorm"))
+        return model.train()  # convert takes an eval-mode model and its copy keeps that mode
 
     def steps_per_epoch(self, shard: Shard) -> int:
         return self.options.eval_updates or self._steps_per_pass(shard)
