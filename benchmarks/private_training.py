@@ -534,7 +534,7 @@ def main() -> None:
     print("anchor (direction only): De et al. 2022, CIFAR-10 at epsilon 8 with GroupNorm and weight "
           "standardisation: 81.4%")
     command = "python benchmarks/private_training.py " + " ".join(sys.argv[1:])
-    print(f"{len(rows)} runs, {time.time() - start:.0f} s wall; command: {command}")
+    print(f"{len(rows)} runs (and {len(search)} in the search), {time.time() - start:.0f} s wall; command: {command}")
     if args.json:
         import opacus
 
