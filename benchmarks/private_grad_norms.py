@@ -101,8 +101,9 @@ def main() -> None:
         for row in probe(route, float(lr), args.steps, args.bounds, opts):
             rows.append(row)
             q, above = row["quantiles"], row["fraction_above"]
-            print(f"{route} lr {lr} step {row['step']}: per-example gradient norm min {q['0']:.3g}, 10% {q['0.1']:.3g}, "
-                  f"median {q['0.5']:.3g}, 90% {q['0.9']:.3g}, max {q['1']:.3g} (n={row['n']}); above "
+            print(f"{route} lr {lr} step {row['step']}: per-example gradient norm min {q['0']:.3g}, "
+                  f"10% {q['0.1']:.3g}, median {q['0.5']:.3g}, 90% {q['0.9']:.3g}, max {q['1']:.3g} "
+                  f"(n={row['n']}); above "
                   + ", ".join(f"{c}: {100 * v:.0f}%" for c, v in above.items()), flush=True)
     if args.json:
         command = "python benchmarks/private_grad_norms.py " + " ".join(sys.argv[1:])

@@ -434,7 +434,7 @@ def verdicts(summary: list[dict[str, Any]], epsilon: float = 8.0) -> list[dict[s
 
 def table(summary: list[dict[str, Any]], memory: str) -> str:
     lines = [f"| architecture | epsilon | route | rate | clipping bound | accuracy mean ± std (n) | 95% interval | "
-             f"ms/step | peak MB ({memory}) | epsilon spent | outcomes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"ms/step | peak MB ({memory}) | epsilon spent | outcomes |", "|---" * 11 + "|"]
     for s in summary:
         acc = (f"{100 * s['acc_mean']:.1f} ± {100 * s['acc_std']:.1f} ({s['n']})" if s["acc_mean"] is not None
                else "failed")
@@ -443,8 +443,8 @@ def table(summary: list[dict[str, Any]], memory: str) -> str:
         mem = f"{s['peak_memory_mb']:.0f}" if s["peak_memory_mb"] is not None else ""
         eps = f"{s['epsilon_spent']:.2f}" if s["epsilon_spent"] is not None else ""
         outcomes = ", ".join(f"{o} x{s['outcomes'].count(o)}" for o in sorted(set(s["outcomes"])))
-        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {s['max_grad_norm']:g} | {acc} | "
-                     f"{ci} | {ms} | {mem} | {eps} | {outcomes} |")
+        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {s['max_grad_norm']:g} | "
+                     f"{acc} | {ci} | {ms} | {mem} | {eps} | {outcomes} |")
         lines += [f"|  |  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
     return "\n".join(lines)
 

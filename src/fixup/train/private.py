@@ -37,7 +37,7 @@ from torch import nn
 from .config import TrainConfig
 from .task import seeded_generator
 
-__all__ = ["OPACUS_MISSING", "PrivateTraining", "prepare_model", "require_opacus", "split_batch"]
+__all__ = ["OPACUS_MISSING", "PrivateTraining", "prepare_model", "require_opacus"]
 
 OPACUS_MISSING = ("dp=True needs Opacus, which is not installed: pip install 'fixup-lab[dp]' "
                   "(or pip install 'opacus>=1.5')")
@@ -77,15 +77,15 @@ def _examples(batch: Any) -> int:
     return next(_examples(b) for b in items if isinstance(b, (torch.Tensor, tuple, list, dict)))
 
 
-def split_batch(batch: Any, part: slice) -> Any:
+def _split_batch(batch: Any, part: slice) -> Any:
     """``batch`` with each tensor (in tuples, lists and dicts; anything else, e.g. None, kept) cut to ``part`` along
     its first dimension, the examples."""
     if isinstance(batch, torch.Tensor):
         return batch[part]
     if isinstance(batch, dict):
-        return {k: split_batch(v, part) for k, v in batch.items()}
+        return {k: _split_batch(v, part) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(split_batch(b, part) for b in batch)
+        return type(batch)(_split_batch(b, part) for b in batch)
     return batch
 
 
@@ -177,7 +177,7 @@ class PrivateTraining:
         from opacus.utils.batch_memory_manager import BatchSplittingSampler
 
         chunks = BatchSplittingSampler(sampler=[list(range(n))], max_batch_size=limit, optimizer=self.optimizer)
-        return [split_batch(batch, slice(idx[0], idx[-1] + 1)) for idx in chunks]  # each chunk is a contiguous range
+        return [_split_batch(batch, slice(idx[0], idx[-1] + 1)) for idx in chunks]  # each chunk is a contiguous range
 
     @property
     def steps(self) -> int:
