@@ -5,6 +5,10 @@
     # ResNet-20 on 8x8 digits at epsilon 8 (about an hour on one core): the committed table
     PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
         --epsilons 8 --lrs 0.1 0.2 0.5 1 --json benchmarks/results/private_training_resnet20_search.json
+    # the clipping bound searched with the rate (rates as products lr x C), Fixup and GroupNorm at epsilon 8
+    PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
+        --epsilons 8 --routes fixup groupnorm --lrs 0.2 0.5 1 --max-grad-norms 0.1 0.3 1 --lr-times-bound \\
+        --json benchmarks/results/private_training_resnet20_clip_search.json
     # step time only: every route side by side in one process (ratios to GroupNorm)
     PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 --timing 15 \\
         --json benchmarks/results/private_step_time_resnet20.json
@@ -12,19 +16,23 @@
     PYTHONPATH=src python benchmarks/private_training.py --quick
 
 Every run is ``fixup.train.fit`` with ``dp=True`` (the engine's private training, fixup.train.private: Poisson
-sampling, each example's gradient clipped to ``--max-grad-norm``, Gaussian noise solved so that the run's steps
+sampling, each example's gradient clipped to the bound C, Gaussian noise solved so that the run's steps
 spend ``--epsilons`` at ``--delta`` under the RDP accountant) on digits (1,437 train / 360 test, the library's fixed
 split), by default upsampled to 32x32 with three channels so that timm's ResNet-18 keeps spatial extent. SGD over
 ``fixup.param_groups`` (scalars at their own rate), cosine schedule, no weight decay, evaluation after the last
 epoch. The seed fixes initialisation, sampling and noise.
 
-The rate: each (architecture, epsilon, route) trains at its own peak rate, chosen on a validation split and never
-on the test set. A stratified ``--val-fraction`` of the training set (fixed by the split seed) is held out; each rate
-of ``--lrs`` trains on the rest with ``--search-seeds`` and is scored by its mean validation accuracy (a failed run
-scores 0; ties go to the smaller rate); where the best is the largest (smallest) searched, the search goes on at a
-rate twice as large (small), at most twice each way. The chosen rate then trains on the whole training set with
-``--seeds`` and is measured on the test set. ``--lr`` instead sets one rate for every route (no search). As usual in
-the DP literature, the search's own privacy cost is not counted in the epsilon reported.
+The rate and the clipping bound: each (architecture, epsilon, route) trains at its own peak rate and per-example
+clipping bound C, chosen jointly on a validation split and never on the test set. A stratified ``--val-fraction`` of
+the training set (fixed by the split seed) is held out; each pair of a bound of ``--max-grad-norms`` (default: 1
+alone, the tables before the bound was searched) and a rate of ``--lrs`` (with ``--lr-times-bound``: ``--lrs`` are
+products lr x C, and bound C trains at each product / C) trains on the rest with ``--search-seeds`` and is scored by
+its mean validation accuracy (a failed run scores 0; ties go to the smaller rate, then the smaller bound); where the
+best pair's rate is the largest (smallest) searched at its bound, the search goes on at that bound at a rate twice as
+large (small), at most twice each way. The chosen pair then trains on the whole training set with ``--seeds`` and
+is measured on the test set. ``--lr`` instead sets one rate for every route (no search; one bound). As usual in the
+DP literature (De et al. 2022 tune the bound with the rate), the search's own privacy cost is not counted in the
+epsilon reported.
 
 Architectures (``--archs``): ``resnet20`` (fixup-lab's CIFAR ResNet-20), ``timm-resnet18`` (timm's ResNet-18 class,
 ``timm.create_model("resnet18", num_classes=10)``, built offline), ``wrn10-1`` (fixup-lab's Wide-ResNet-10-1: the
@@ -161,7 +169,8 @@ def config_for(arch: str, route: str, epsilon: float, seed: int, lr: float, opts
               "batch_size": opts["batch_size"], "epochs": opts["epochs"], "lr": lr,
               "momentum": opts["momentum"], "weight_decay": 0.0, "schedule": "cosine", "eval_every": opts["epochs"],
               "checkpoint": False, "seed": seed, "device": opts["device"], "dp": True, "target_epsilon": epsilon,
-              "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"], "accountant": "rdp"}
+              "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"], "accountant": "rdp",
+              **{k: opts[k] for k in ("dp_physical_batch", "max_updates") if opts.get(k)}}
     if arch in _OURS:
         norm, init = _OUR_ROUTES[route]
         return {**common, **_OURS[arch], "norm": norm, "init": init}
@@ -188,6 +197,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["threads"])
     row = {k: spec[k] for k in ("arch", "route", "epsilon", "seed", "lr")}
+    row["max_grad_norm"] = spec.get("max_grad_norm", spec["opts"]["max_grad_norm"])
     row["split"] = "validation" if spec.get("val_fraction") else "test"
     rss_before = _rss_mb()
     cuda = spec["opts"]["device"] != "cpu" and torch.cuda.is_available()
@@ -203,8 +213,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         from fixup.train import TrainConfig, fit
 
+        opts = {**spec["opts"], "max_grad_norm": row["max_grad_norm"]}
         config = TrainConfig.from_dict(config_for(spec["arch"], spec["route"], spec["epsilon"], spec["seed"],
-                                                  spec["lr"], spec["opts"]))
+                                                  spec["lr"], opts))
         task = None
         if spec.get("val_fraction"):  # the rate search: train on the training part, evaluate on the validation part
             from fixup.data import load_images, split_validation
@@ -244,7 +255,8 @@ def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
             shown = (f"{100 * row['acc']:.1f}%, epsilon {row['epsilon_spent']:.2f}, "
                      f"{1000 * (row['s_per_step'] or 0):.0f} ms/step" if row["status"] == "completed" else
                      row.get("error") or f"{row['status']}: {row.get('reason', '')}")
-            print(f"  {row['arch']} {row['route']} eps {row['epsilon']:g} lr {row['lr']:g} seed {row['seed']} "
+            print(f"  {row['arch']} {row['route']} eps {row['epsilon']:g} lr {row['lr']:g} "
+                  f"C {row['max_grad_norm']:g} seed {row['seed']} "
                   f"({row['split']}): {shown}",
                   file=sys.stderr, flush=True)
     return rows
@@ -296,56 +308,70 @@ def time_steps(arch: str, routes: list[str], steps: int, opts: dict[str, Any]) -
             for route, (_, _, x, _, times) in state.items()]
 
 
-# -- the rate, chosen on a validation split ---------------------------------------------------------------------------
-EXTEND = 2.0  # a best rate at the edge of those searched: search this many times beyond it ...
+# -- the rate and the clipping bound, chosen on a validation split ---------------------------------------------------
+EXTEND = 2.0  # a best rate at the edge of those searched at its bound: search this many times beyond it ...
 MAX_EXTENSIONS = 2  # ... at most this many times each way
+Setting = tuple[float, float]  # (peak rate, clipping bound C)
 
 
 def _key(row: dict[str, Any]) -> tuple[str, float, str]:
     return row["arch"], row["epsilon"], row["route"]
 
 
-def rate_scores(search: list[dict[str, Any]]) -> dict[tuple[str, float, str], dict[float, float]]:
-    """Mean validation accuracy per (arch, epsilon, route) and rate over the search seeds (a failed or diverged
-    run counts as 0)."""
-    acc: dict[tuple[str, float, str], dict[float, list[float]]] = {}
+def rate_grids(lrs: list[float], bounds: list[float], lr_times_bound: bool) -> dict[float, list[float]]:
+    """The rates searched at each clipping bound: ``lrs`` as given, or (``lr_times_bound``) each divided by the bound,
+    so that ``lrs`` are products lr x C: while every example is clipped a step is lr x C times the mean clipped
+    direction plus noise of std lr x C x sigma / B, so the product, not the rate, sets the step."""
+    return {c: [float(f"{r / c:.3g}") if lr_times_bound else r for r in lrs] for c in bounds}
+
+
+def rate_scores(search: list[dict[str, Any]]) -> dict[tuple[str, float, str], dict[Setting, float]]:
+    """Mean validation accuracy per (arch, epsilon, route) and (rate, bound) over the search seeds (a failed or
+    diverged run counts as 0)."""
+    acc: dict[tuple[str, float, str], dict[Setting, list[float]]] = {}
     for r in search:
         ok = r["status"] == "completed" and r.get("acc") is not None
-        acc.setdefault(_key(r), {}).setdefault(r["lr"], []).append(r["acc"] if ok else 0.0)
-    return {k: {lr: statistics.fmean(v) for lr, v in rates.items()} for k, rates in acc.items()}
+        setting = (r["lr"], r.get("max_grad_norm", 1.0))
+        acc.setdefault(_key(r), {}).setdefault(setting, []).append(r["acc"] if ok else 0.0)
+    return {k: {st: statistics.fmean(v) for st, v in settings.items()} for k, settings in acc.items()}
 
 
-def best_rate(scores: dict[float, float]) -> float:
-    """The rate with the highest validation accuracy; ties go to the smaller rate."""
-    return max(sorted(scores), key=lambda lr: scores[lr])
+def best_setting(scores: dict[Setting, float]) -> Setting:
+    """The (rate, bound) with the highest validation accuracy; ties go to the smaller rate, then the smaller bound."""
+    return max(sorted(scores), key=lambda st: scores[st])
 
 
-def extension(scores: dict[float, float], grid: list[float]) -> float | None:
-    """The next rate to search where the best is the largest (smallest) searched, or None."""
-    lr = best_rate(scores)
-    if lr == max(scores) and sum(r > max(grid) for r in scores) < MAX_EXTENSIONS:
-        return float(f"{lr * EXTEND:.3g}")
-    if lr == min(scores) and sum(r < min(grid) for r in scores) < MAX_EXTENSIONS:
-        return float(f"{lr / EXTEND:.3g}")
+def extension(scores: dict[Setting, float], grids: dict[float, list[float]]) -> Setting | None:
+    """The next setting to search where the best rate is the largest (smallest) searched at its bound, or None."""
+    lr, bound = best_setting(scores)
+    rates, grid = [r for r, c in scores if c == bound], grids[bound]
+    if lr == max(rates) and sum(r > max(grid) for r in rates) < MAX_EXTENSIONS:
+        return float(f"{lr * EXTEND:.3g}"), bound
+    if lr == min(rates) and sum(r < min(grid) for r in rates) < MAX_EXTENSIONS:
+        return float(f"{lr / EXTEND:.3g}"), bound
     return None
 
 
-def search_rates(base: list[dict[str, Any]], grid: list[float], seeds: list[int], val_fraction: float,
-                 jobs: int) -> tuple[list[dict[str, Any]], dict[tuple[str, float, str], float]]:
-    """Every (arch, epsilon, route) of ``base`` trained at each rate of ``grid`` (and beyond a best at its edge) on
-    the training part, scored on the validation part; returns the search's rows and the chosen rates."""
+def search_rates(base: list[dict[str, Any]], grids: dict[float, list[float]], seeds: list[int], val_fraction: float,
+                 jobs: int) -> tuple[list[dict[str, Any]], dict[tuple[str, float, str], Setting]]:
+    """Every (arch, epsilon, route) of ``base`` trained at each bound and each rate of its grid (and beyond a best
+    rate at the edge of its bound's grid) on the training part, scored on the validation part; returns the search's
+    rows and the chosen (rate, bound) of each."""
+    def runs(b: dict[str, Any], lr: float, bound: float) -> list[dict[str, Any]]:
+        return [{**b, "lr": lr, "max_grad_norm": bound, "seed": s, "val_fraction": val_fraction} for s in seeds]
+
     rows: list[dict[str, Any]] = []
-    todo = [{**b, "lr": lr, "seed": s, "val_fraction": val_fraction} for b in base for lr in grid for s in seeds]
+    todo = [spec for b in base for bound, grid in grids.items() for lr in grid for spec in runs(b, lr, bound)]
     while todo:
         rows += run_all(todo, jobs)
         scores = rate_scores(rows)
         todo = []
         for b in base:
-            more = extension(scores[_key(b)], grid)
+            more = extension(scores[_key(b)], grids)
             if more is not None and more not in scores[_key(b)]:
-                todo += [{**b, "lr": more, "seed": s, "val_fraction": val_fraction} for s in seeds]
+                todo += runs(b, *more)
     scores = rate_scores(rows)
-    return rows, {k: best_rate(v) for k, v in scores.items()}
+    return rows, {k: best_setting(v) for k, v in scores.items()}
 
 
 # -- the table ------------------------------------------------------------------------------------------------------
@@ -369,7 +395,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         std = statistics.stdev(accs) if n > 1 else 0.0 if n else None
         half = _t95(n) * std / math.sqrt(n) if n > 1 else None
         times = [r["s_per_step"] for r in done if r.get("s_per_step")]
-        out.append({"arch": arch, "epsilon": eps, "route": route, "lr": cell[0]["lr"], "n": n, "acc_mean": mean,
+        out.append({"arch": arch, "epsilon": eps, "route": route, "lr": cell[0]["lr"],
+                    "max_grad_norm": cell[0].get("max_grad_norm", 1.0), "n": n, "acc_mean": mean,
                     "acc_std": std,
                     "acc_ci95": None if half is None else [mean - half, mean + half],
                     "ms_per_step": 1000 * statistics.median(times) if times else None,
@@ -406,8 +433,8 @@ def verdicts(summary: list[dict[str, Any]], epsilon: float = 8.0) -> list[dict[s
 
 
 def table(summary: list[dict[str, Any]], memory: str) -> str:
-    lines = [f"| architecture | epsilon | route | rate | accuracy mean ± std (n) | 95% interval | ms/step | peak MB "
-             f"({memory}) | epsilon spent | outcomes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| architecture | epsilon | route | rate | clipping bound | accuracy mean ± std (n) | 95% interval | "
+             f"ms/step | peak MB ({memory}) | epsilon spent | outcomes |", "|---" * 11 + "|"]
     for s in summary:
         acc = (f"{100 * s['acc_mean']:.1f} ± {100 * s['acc_std']:.1f} ({s['n']})" if s["acc_mean"] is not None
                else "failed")
@@ -416,9 +443,9 @@ def table(summary: list[dict[str, Any]], memory: str) -> str:
         mem = f"{s['peak_memory_mb']:.0f}" if s["peak_memory_mb"] is not None else ""
         eps = f"{s['epsilon_spent']:.2f}" if s["epsilon_spent"] is not None else ""
         outcomes = ", ".join(f"{o} x{s['outcomes'].count(o)}" for o in sorted(set(s["outcomes"])))
-        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {acc} | {ci} | {ms} | {mem} | "
-                     f"{eps} | {outcomes} |")
-        lines += [f"|  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
+        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {s['max_grad_norm']:g} | "
+                     f"{acc} | {ci} | {ms} | {mem} | {eps} | {outcomes} |")
+        lines += [f"|  |  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
     return "\n".join(lines)
 
 
@@ -439,7 +466,14 @@ def main() -> None:
     p.add_argument("--val-fraction", type=float, default=0.2, help="of the training set, held out for the search")
     p.add_argument("--search-seeds", nargs="+", type=int, default=[0], help="seeds of the search's runs")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="per-example clipping norm")
+    p.add_argument("--max-grad-norms", nargs="+", type=float, default=[1.0],
+                   help="per-example clipping bounds C, searched jointly with the rate (default 1: one bound)")
+    p.add_argument("--lr-times-bound", action="store_true",
+                   help="read --lrs as products lr x C: at bound C the rates searched are --lrs / C (the step's size "
+                        "while every example is clipped stays the product)")
+    p.add_argument("--dp-physical-batch", type=int, default=0, metavar="N",
+                   help="process each Poisson batch in chunks of at most N examples (0: whole)")
+    p.add_argument("--max-updates", type=int, default=0, help="stop each run after this many steps (0: all epochs)")
     p.add_argument("--image-size", type=int, default=32, help="digits upsampled to this (0: as stored, 8x8)")
     p.add_argument("--channels", type=int, default=3, help="input channels (0: as stored, 1)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available) | cpu | cuda")
@@ -456,7 +490,11 @@ def main() -> None:
         args.archs, args.epsilons, args.seeds, args.epochs = ["wrn10-1"], [8.0], [0], 1
         args.image_size, args.channels, args.batch_size, args.lr = 0, 0, 512, 0.5
     opts = {k: getattr(args, k) for k in ("image_size", "channels", "batch_size", "epochs", "momentum", "delta",
-                                          "max_grad_norm", "device")}
+                                          "device", "dp_physical_batch", "max_updates")}
+    opts["max_grad_norm"] = args.max_grad_norms[0]
+    if args.lr is not None and len(args.max_grad_norms) > 1:
+        p.error(f"--lr {args.lr:g} sets one rate without a search, but --max-grad-norms gives "
+                f"{len(args.max_grad_norms)} bounds to search; give one bound, or drop --lr to search both")
     if args.timing:
         torch.set_num_threads(args.threads)
         timed = [row for a in args.archs for row in time_steps(a, [r for r in args.routes if not (
@@ -475,10 +513,12 @@ def main() -> None:
     start = time.time()
     search: list[dict[str, Any]] = []
     if args.lr is None:
-        search, chosen = search_rates(base, args.lrs, args.search_seeds, args.val_fraction, args.jobs)
+        grids = rate_grids(args.lrs, args.max_grad_norms, args.lr_times_bound)
+        search, chosen = search_rates(base, grids, args.search_seeds, args.val_fraction, args.jobs)
     else:
-        chosen = {_key(b): args.lr for b in base}
-    rows = run_all([{**b, "lr": chosen[_key(b)], "seed": s} for b in base for s in args.seeds], args.jobs)
+        chosen = {_key(b): (args.lr, args.max_grad_norms[0]) for b in base}
+    rows = run_all([{**b, "lr": chosen[_key(b)][0], "max_grad_norm": chosen[_key(b)][1], "seed": s}
+                    for b in base for s in args.seeds], args.jobs)
     summary = summarise(rows)
     memory = rows[0]["memory"] if rows else ""
     print(table(summary, memory))
@@ -494,7 +534,7 @@ def main() -> None:
     print("anchor (direction only): De et al. 2022, CIFAR-10 at epsilon 8 with GroupNorm and weight "
           "standardisation: 81.4%")
     command = "python benchmarks/private_training.py " + " ".join(sys.argv[1:])
-    print(f"{len(rows)} runs, {time.time() - start:.0f} s wall; command: {command}")
+    print(f"{len(rows)} runs (and {len(search)} in the search), {time.time() - start:.0f} s wall; command: {command}")
     if args.json:
         import opacus
 

@@ -14,6 +14,7 @@ from fixup.train import TrainConfig, fit
 from fixup.train.checkpoint import load_checkpoint
 from fixup.train.cli import config_from_args
 from fixup.train.engine import CHECKPOINT
+from fixup.train.image_task import ImageClassification
 from fixup.train.task import poisson_batches, seeded_generator
 
 try:
@@ -35,9 +36,11 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_the_dp_options_exist_and_parse() -> None:
     args = build_parser().parse_args(["train", "--dp", "--target-epsilon", "8", "--delta", "1e-6",
-                                      "--max-grad-norm", "1.5", "--accountant", "prv", "--init", "skipinit"])
+                                      "--max-grad-norm", "1.5", "--accountant", "prv", "--init", "skipinit",
+                                      "--dp-physical-batch", "32"])
     cfg = config_from_args(args)
     assert (cfg.dp, cfg.target_epsilon, cfg.delta, cfg.max_grad_norm, cfg.accountant) == (True, 8.0, 1e-6, 1.5, "prv")
+    assert cfg.dp_physical_batch == 32
     assert cfg.to_dict()["privacy"]["target_epsilon"] == 8.0
     cfg = config_from_args(build_parser().parse_args(["train", "--dp", "--noise-multiplier", "1.1"]))
     assert cfg.noise_multiplier == 1.1 and cfg.target_epsilon == 0.0
@@ -51,6 +54,9 @@ def test_the_dp_options_exist_and_parse() -> None:
     ({"target_epsilon": 8.0}, "add --dp"),
     ({"dp": True, "target_epsilon": 8.0, "delta": 1.0}, "delta must lie strictly between 0 and 1"),
     ({"dp": True, "target_epsilon": 8.0, "max_grad_norm": 0.0}, "max_grad_norm must be > 0"),
+    ({"dp": True, "target_epsilon": 8.0, "dp_physical_batch": -1},
+     r"dp_physical_batch must be >= 0 .*--dp-physical-batch 32.*got -1"),
+    ({"dp_physical_batch": 32}, "add --dp"),
     ({"dp": True, "target_epsilon": 8.0, "mixup_alpha": 0.2}, "mixes the examples of a batch"),
     ({"dp": True, "target_epsilon": 8.0, "clip": "agc"}, "replaces the engine's clipping"),
     ({"dp": True, "target_epsilon": 8.0, "init": "lsuv"}, "privacy accounting does not cover"),
@@ -170,6 +176,56 @@ def test_resumed_private_run_spends_the_same_epsilon_and_trains_the_same_weights
     drop = ("time_s",)
     assert [{k: v for k, v in h.items() if k not in drop} for h in straight.history] == \
            [{k: v for k, v in h.items() if k not in drop} for h in resumed.history]
+
+
+def _chunk_sizes(cfg: TrainConfig) -> tuple[ImageClassification, list[int]]:
+    """The task of ``cfg``, recording the number of examples of every batch its loss is computed on."""
+    task, sizes = ImageClassification(cfg), []
+    plain = task.loss
+    task.loss = lambda model, batch: (sizes.append(len(batch[1])), plain(model, batch))[1]
+    return task, sizes
+
+
+@needs_opacus
+def test_physical_batches_take_the_same_step_and_spend_the_same_epsilon(one_thread) -> None:
+    # Poisson batches of about 479 examples (1437 / 3) in chunks of at most 100: per-example clipping makes each
+    # example's contribution independent of its chunk, and the noise is drawn once per logical step, so the weights
+    # equal those of whole batches up to float rounding of the sum. Had a chunk stepped, or drawn its own noise, or
+    # been divided by its own size, they would differ by the size of a step.
+    cfg = TrainConfig(**{**TINY, "momentum": 0.9}, batch_size=512, epochs=1, dp=True, noise_multiplier=0.8)
+    start = _weights(fit(cfg.replace(max_updates=1, lr=0.0), progress=False).model)
+    whole_task, whole_sizes = _chunk_sizes(cfg)
+    whole = fit(cfg, progress=False, task=whole_task)
+    chunked_cfg = cfg.replace(dp_physical_batch=100)
+    task, sizes = _chunk_sizes(chunked_cfg)
+    chunked = fit(chunked_cfg, progress=False, task=task)
+    assert len(whole_sizes) == 3 and min(whole_sizes) > 400  # three whole Poisson batches ...
+    assert max(sizes) <= 100 and len(sizes) >= 15 and sum(sizes) == sum(whole_sizes)  # ... cut into chunks of <= 100
+    a, b, s = _weights(whole.model), _weights(chunked.model), start
+    assert max(float((a[k] - s[k]).abs().max()) for k in a) > 1e-2  # the steps moved the weights
+    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    assert chunked.privacy["steps"] == whole.privacy["steps"] == 3
+    assert chunked.privacy["epsilon"] == whole.privacy["epsilon"] > 0
+    assert chunked.privacy["physical_batch"] == 100 and whole.privacy["physical_batch"] is None
+    assert abs(chunked.final["train_loss"] - whole.final["train_loss"]) < 1e-5  # the mean over every chunk
+
+
+@needs_opacus
+def test_a_chunked_private_run_resumes_exactly_and_may_change_its_physical_batch(tmp_path, one_thread) -> None:
+    cfg = TrainConfig(**TINY, batch_size=512, epochs=2, dp=True, noise_multiplier=0.8, dp_physical_batch=128)
+    straight = fit(cfg, out_dir=tmp_path / "straight", progress=False)
+    for name, resumed_with in (("same", 128), ("whole", 0)):
+        first = fit(cfg, out_dir=tmp_path / name, progress=False, on_step=lambda s: s.step == 4)  # mid-epoch 2
+        assert first.outcome.status == "interrupted" and first.outcome.step == 4
+        resumed = fit(cfg.replace(dp_physical_batch=resumed_with), out_dir=tmp_path / name, progress=False)
+        assert resumed.outcome.status == "completed" and resumed.privacy["steps"] == 6
+        assert resumed.privacy["epsilon"] == straight.privacy["epsilon"]
+        a, b = _weights(straight.model), _weights(resumed.model)
+        if resumed_with == 128:  # the same run, continued: bit-exact
+            assert all(torch.equal(a[k], b[k]) for k in a)
+            assert resumed.privacy == straight.privacy
+        else:  # whole batches after the interruption: the same steps up to float rounding
+            assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
 
 
 _FOREIGN = """import torch.nn as nn

@@ -33,8 +33,10 @@ CLIPS = ("auto", *CLIPPINGS)
 ACCOUNTANTS = ("rdp", "prv")  # Opacus's privacy accountants: Renyi DP (Mironov 2017), PRV (Gopi et al. 2021)
 
 # Fields that may differ between a checkpoint and the run resuming it: they change how a run is
-# watched or fed, never what it computes.
-RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints"})
+# watched or fed, never what it computes (dp_physical_batch regroups the sum of the clipped
+# per-example gradients: float rounding only).
+RESUMABLE_CHANGES = frozenset({"num_workers", "resume", "tensorboard", "checkpoint", "data_dir", "keep_checkpoints",
+                               "dp_physical_batch"})
 
 
 def check_types(config: Any) -> None:
@@ -184,6 +186,7 @@ class PrivacyOptions:
     delta: float = 1e-5  # the delta of (epsilon, delta)-DP; keep it below 1 / training examples
     max_grad_norm: float = 1.0  # clip each example's gradient to this L2 norm (replaces the engine's clip under dp)
     accountant: str = "rdp"  # rdp (Renyi DP) | prv (privacy loss random variables, tighter, slower)
+    dp_physical_batch: int = 0  # process each Poisson batch in chunks of at most this many examples (0 = whole)
 
 
 @dataclass
@@ -356,6 +359,9 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
         if self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0 (each example's gradient is clipped to it), got "
                              f"{self.max_grad_norm}")
+        if self.dp_physical_batch < 0:
+            raise ValueError(f"dp_physical_batch must be >= 0 (0 processes each Poisson batch whole; N, e.g. "
+                             f"--dp-physical-batch 32, in chunks of at most N examples), got {self.dp_physical_batch}")
         refused = (
             (self.norm == "batchnorm",
              "norm='batchnorm' cannot train privately: BatchNorm mixes the examples of a batch, so per-example "

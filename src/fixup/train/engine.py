@@ -324,10 +324,7 @@ class _Run:
                         continue  # resuming mid-epoch: these batches were trained on before the interruption
                     if self.step >= self.total:
                         break
-                    batch = move_to(batch, rt.device)
-                    with autocast:
-                        loss, stats = self.task.loss(self.net, batch)
-                    value = float(loss.detach().float())
+                    loss, stats, value = self._forward(move_to(batch, rt.device), autocast)
                     reason = self._divergence(value)
                     if D.any_rank(bool(reason), rt):
                         self.outcome = Outcome("diverged", self.epoch, self.step,
@@ -361,6 +358,33 @@ class _Run:
                                  if k.startswith(("test_", "lr", "epsilon"))})
         finally:
             bar.close()
+
+    def _forward(self, batch: Any, autocast: Any) -> tuple[Tensor, dict[str, Tensor], float]:
+        """The loss of ``batch`` for :meth:`_update` to step on, its stats, and its mean as a float.
+
+        Under dp with ``dp_physical_batch``, a larger Poisson batch is cut into physical batches
+        (:meth:`~fixup.train.private.PrivateTraining.physical_batches`): each but the last is run forward and
+        backward here and its clipped per-example gradients summed by the DP optimiser (a step that updates nothing);
+        the last one's loss is returned, so :meth:`_update`'s step adds the noise once for the whole batch. The stats
+        and the mean cover every chunk; a non-finite chunk makes the mean non-finite, and the run stops before the
+        update. (The collapse watch sees the last chunk's classifier input.)
+        """
+        pieces = self.private.physical_batches(batch) if self.private is not None else [batch]
+        totals: dict[str, Tensor] = {}
+        weighted = 0.0
+        for k, piece in enumerate(pieces):
+            with autocast:
+                loss, stats = self.task.loss(self.net, piece)
+            for key, v in stats.items():
+                totals[key] = totals.get(key, 0) + v
+            if len(pieces) == 1:
+                return loss, stats, float(loss.detach().float())
+            weighted += float(loss.detach().float()) * float(stats["n"])
+            if k < len(pieces) - 1:
+                self.optimizer.zero_grad(set_to_none=True)  # after a skipped step: keeps the running clipped sum
+                loss.backward()
+                self.optimizer.step()  # clips this chunk's per-example gradients and adds them to the sum
+        return loss, totals, weighted / float(totals["n"])
 
     def _divergence(self, value: float) -> str:
         where = f"at step {self.step} (epoch {self.epoch}, batch {self.batch})"

@@ -11,6 +11,15 @@ Gaussian noise of standard deviation ``noise_multiplier * max_grad_norm`` and di
 accountant records ``(noise_multiplier, q)``. With ``target_epsilon`` the noise multiplier is solved so that the
 run's ``total_steps`` spend exactly that budget (Opacus's ``get_noise_multiplier``).
 
+Physical batches (``config.dp_physical_batch`` N): a Poisson batch of more than N examples is processed in chunks of
+at most N, cut as Opacus's ``BatchMemoryManager`` cuts them (its ``BatchSplittingSampler``: near-equal chunks), which
+also tells the DP optimiser that each chunk but the last is a skipped step: its per-example gradients are clipped and
+added to the running sum, and only the last chunk's step draws the noise, divides by the expected batch, updates the
+weights and is recorded by the accountant. So the step is that of the whole batch (up to float rounding of the sum)
+while per-example gradients are held for N examples at a time. (``BatchMemoryManager`` itself wraps a DataLoader; the
+engine's batches come from the task, so the engine drives its sampler directly: :meth:`PrivateTraining.
+physical_batches`.)
+
 Resume: the accountant's history and the noise generator's state go into the checkpoint (:meth:`PrivateTraining.
 state_dict`), so a resumed run spends the same epsilon and draws the same noise as an uninterrupted one. The noise
 comes from a ``torch.Generator`` seeded from ``config.seed``: reproducible, not cryptographically secure (Opacus's
@@ -58,6 +67,26 @@ def prepare_model(model: nn.Module, example: torch.Tensor) -> dict[str, Any]:
     if not report.ready:
         raise ValueError("this model cannot train privately: " + "; ".join(report.problems))
     return report.to_dict()
+
+
+def _examples(batch: Any) -> int:
+    """The number of examples of a batch: the length of its first tensor (in a tuple, list or dict)."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    items = batch.values() if isinstance(batch, dict) else batch
+    return next(_examples(b) for b in items if isinstance(b, (torch.Tensor, tuple, list, dict)))
+
+
+def _split_batch(batch: Any, part: slice) -> Any:
+    """``batch`` with each tensor (in tuples, lists and dicts; anything else, e.g. None, kept) cut to ``part`` along
+    its first dimension, the examples."""
+    if isinstance(batch, torch.Tensor):
+        return batch[part]
+    if isinstance(batch, dict):
+        return {k: _split_batch(v, part) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_split_batch(b, part) for b in batch)
+    return batch
 
 
 def _check_model(model: nn.Module) -> None:
@@ -136,6 +165,20 @@ class PrivateTraining:
         for p in self.optimizer.params:
             p.grad_sample = p.new_zeros((0, *p.shape))
 
+    def physical_batches(self, batch: Any) -> list[Any]:
+        """One logical (Poisson) batch as the physical batches to run forward and backward, in order: ``[batch]``
+        when ``dp_physical_batch`` is 0 or the batch fits, else near-equal chunks of at most that many examples. The
+        DP optimiser is told (through Opacus's ``BatchSplittingSampler``, as ``BatchMemoryManager`` tells it) that
+        the step after each chunk but the last only clips and sums: call ``optimizer.step()`` once after each chunk's
+        backward; the last one adds the noise and updates."""
+        limit, n = self.config.dp_physical_batch, _examples(batch)
+        if not limit or n <= limit:
+            return [batch]
+        from opacus.utils.batch_memory_manager import BatchSplittingSampler
+
+        chunks = BatchSplittingSampler(sampler=[list(range(n))], max_batch_size=limit, optimizer=self.optimizer)
+        return [_split_batch(batch, slice(idx[0], idx[-1] + 1)) for idx in chunks]  # each chunk is a contiguous range
+
     @property
     def steps(self) -> int:
         """The noisy steps the accountant has recorded."""
@@ -188,7 +231,8 @@ class PrivateTraining:
                 "accountant": cfg.accountant, "target_epsilon": cfg.target_epsilon or None, "delta": cfg.delta,
                 "noise_multiplier": self.noise_multiplier,
                 "noise_from": "target_epsilon" if cfg.target_epsilon > 0 else "noise_multiplier",
-                "max_grad_norm": cfg.max_grad_norm, "sample_rate": self.sample_rate,
+                "max_grad_norm": cfg.max_grad_norm, "physical_batch": cfg.dp_physical_batch or None,
+                "sample_rate": self.sample_rate,
                 "expected_batch_size": self.expected_batch_size, "total_steps": self.total_steps,
                 "secure_rng": False, "prepared": self.prepared}
 
