@@ -363,7 +363,8 @@ def main() -> None:
                    help="the own loop's optimiser and schedule, the same for both forms: sgd (the README's) or vit "
                         "(AdamW, weight decay 0.05, warm-up over a tenth of the steps, cosine decay)")
     p.add_argument("--lr", type=float, default=None,
-                   help="peak rate of the weights (scalars: fixup.param_groups); default the recipe's (0.1 sgd, 1e-3 vit)")
+                   help="peak rate of the weights (scalars: fixup.param_groups); default the recipe's "
+                        "(0.1 sgd, 1e-3 vit)")
     p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
     p.add_argument("--clip", choices=CLIPS, default="norm",
                    help="before each step: clip the global gradient norm (norm, at 1), adaptive gradient clipping "
@@ -394,7 +395,8 @@ def main() -> None:
     args.lr = float(recipe["lr"]) if args.lr is None else args.lr
     out: dict[str, object] = {"settings": {
         "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "scalar_lr_mult": args.scalar_lr_mult,
-        "recipe": {"name": args.recipe, **recipe, "lr": args.lr}, "image_size": 32, "clip": args.clip, "clip_value": args.clip_value,
+        "recipe": {"name": args.recipe, **recipe, "lr": args.lr}, "image_size": 32, "clip": args.clip,
+        "clip_value": args.clip_value,
         "adapt_options": dict(options), "vit_depth": args.vit_depth, "threads": args.threads, "jobs": args.jobs,
         "command": " ".join(sys.argv)}}
     if args.only in (None, "accounting"):

@@ -48,8 +48,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Lexicon", "SYNTHETIC_TASKS", "SyntheticTranslationConfig", "generate_pairs", "make_lexicon",
-           "synthetic_task", "word_for_word", "write_synthetic_task"]
+__all__ = [
+    "SYNTHETIC_TASKS",
+    "Lexicon",
+    "SyntheticTranslationConfig",
+    "generate_pairs",
+    "make_lexicon",
+    "synthetic_task",
+    "word_for_word",
+    "write_synthetic_task",
+]
 
 _SRC_LETTERS = ("bdgkmnprst", "aeiou")  # source words: consonant-vowel syllables
 _TGT_LETTERS = ("fhjlvwzc", "aeiouy", "lnrsx")  # target words: consonant-vowel-(coda) syllables
