@@ -29,6 +29,7 @@ from ..nn import DyT
 from ..report import FixupWarning
 from . import _vocab as V
 from ._graph import AdaptError
+from ._report import closing_lines
 from ._weights import WeightsLoaded, load_original
 
 __all__ = ["BATCHNORM_MEASURED", "DyTAdaptReport", "DyTRecord", "adapt_dyt"]
@@ -75,13 +76,7 @@ class DyTAdaptReport:
                   for r in self.replaced]
         if self.kept:
             lines.append(f"normalisation kept: {', '.join(self.kept)}")
-        if self.weights_loaded or self.weights_dropped:
-            lines.append(f"state_dict: {len(self.weights_loaded)} entries loaded, {len(self.weights_dropped)} "
-                         "dropped")
-        lines += [f"warning: {w}" for w in self.warnings]
-        if self.private:
-            lines.append(self.private)
-        return "\n".join(lines)
+        return "\n".join([*lines, *closing_lines(self)])
 
 
 def _is_layernorm(mod: nn.Module) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..signal import SignalRecord
-from ._report import NormChange
+from ._report import NormChange, closing_lines
 
 __all__ = ["NFActivation", "NFAdaptReport", "NFResidual"]
 
@@ -85,10 +85,4 @@ class NFAdaptReport:
         if self.stream:
             lines.append("stream RMS at init, to the input's: " + ", ".join(f"{s.name} {s.ratio:.3g}x"
                                                                          for s in self.stream))
-        if self.weights_loaded or self.weights_dropped:
-            lines.append(f"state_dict: {len(self.weights_loaded)} entries loaded, {len(self.weights_dropped)} "
-                         "dropped")
-        lines += [f"warning: {w}" for w in self.warnings]
-        if self.private:
-            lines.append(self.private)
-        return "\n".join(lines)
+        return "\n".join([*lines, *closing_lines(self)])

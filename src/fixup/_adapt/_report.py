@@ -13,7 +13,7 @@ from ..report import FixupReport, GateReport
 from ..signal import SignalRecord
 from ._trunk import TrunkRecord
 
-__all__ = ["AdaptReport", "GateAdaptReport", "NormChange", "ResidualRecord"]
+__all__ = ["AdaptReport", "GateAdaptReport", "NormChange", "ResidualRecord", "closing_lines"]
 
 
 @dataclass
@@ -122,3 +122,16 @@ class AdaptReport(_Adaptation, FixupReport):
 @dataclass
 class GateAdaptReport(_Adaptation, GateReport):
     """``fixup.adapt(..., method="skipinit" | "rezero")``'s report: each branch's gate, and the adaptation."""
+
+
+def closing_lines(report: Any) -> list[str]:
+    """The last lines of a method's own report (DyT's, the NF form's): the original weights loaded, the
+    warnings, whether the copy is ready for private training."""
+    lines = []
+    if report.weights_loaded or report.weights_dropped:
+        lines.append(f"state_dict: {len(report.weights_loaded)} entries loaded, {len(report.weights_dropped)} "
+                     "dropped")
+    lines += [f"warning: {w}" for w in report.warnings]
+    if report.private:
+        lines.append(report.private)
+    return lines
