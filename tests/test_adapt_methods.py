@@ -73,6 +73,23 @@ def test_gated_adapt_draws_by_the_method_skipinit_s_classifier_at_zero() -> None
     assert not cls_si.weight.any() and cls_rz.weight.any()
 
 
+def test_adapted_skipinit_trains_by_its_authors_recipe_gates_and_biases_undecayed() -> None:
+    """SkipInit's authors decay neither gains nor biases (Method.decay_gains): the adapted copy declares its method,
+    so fixup.param_groups leaves the gates and the layers' biases undecayed; ReZero, and SkipInit with Fixup's
+    biases added, keep the scalars' decay."""
+    def decays(model):
+        return {g["name"]: g["weight_decay"] for g in fixup.param_groups(model, lr=0.1, weight_decay=5e-4)
+                if g["params"]}
+
+    si, _ = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method="skipinit")
+    assert fixup.method.model_method(si).name == "skipinit"
+    assert decays(si) == {"weights": 5e-4, "gates": 0.0, "gains_biases": 0.0}  # the classifier's bias undecayed
+    rz, _ = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method="rezero")
+    assert fixup.method.model_method(rz) is None and decays(rz)["gates"] == 5e-4
+    biased, _ = fixup.adapt(ResNet(BasicBlock, [1, 1, 1]), _x(), method="skipinit", gate_biases=True)
+    assert fixup.method.model_method(biased) is None
+
+
 def test_skipinit_and_rezero_adapt_to_the_same_structure() -> None:
     _, a = fixup.adapt(TinyEfficientNet(), _x(), method="skipinit")
     _, b = fixup.adapt(TinyEfficientNet(), _x(), method="rezero")

@@ -203,6 +203,9 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     trunk_records = trunk_init_(source, args, trunk)
     result, new_warnings = _measure_and_report(seen, rw, pairs, untied, report, trunk, trunk_records,
                                                state_dict=state_dict, private=private, gated=gated)
+    if gated and not gate_biases and not chosen.method.decay_gains:
+        # the method's own form (no Fixup biases added): its recipe's groups, gates and biases undecayed
+        source.adapted_method = chosen.method
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
     return source, result
 
