@@ -36,7 +36,7 @@ from torch import Tensor, fx, nn
 from ..branch import Branch, WeightSlice, find_branches
 from ..init import fixup_init_
 from ..init.gates import gate_init_
-from ..method import ADAPT_METHODS
+from ..method import ADAPT_METHODS, Method
 from ..report import InitReport, warn_report
 from ..signal import SIGNAL_BAND, StreamSignal, residual_blocks, stream_signal
 from . import _vocab as V
@@ -197,17 +197,21 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     if chosen.method.adapt == "nf":
         return _adapt_nf(seen, chosen, generator, state_dict, private)
     gated = chosen.method.adapt == "gate"
-    source, args = seen.source, seen.args
     rw, pairs, untied = _rewrite(seen, gated=gated, gate_biases=gate_biases, untie_weights=untie_weights)
-    report = _initialise(source, chosen, rw, generator)
-    trunk_records = trunk_init_(source, args, trunk)
+    report = _initialise(seen.source, chosen, rw, generator)
+    trunk_records = trunk_init_(seen.source, seen.args, trunk)
     result, new_warnings = _measure_and_report(seen, rw, pairs, untied, report, trunk, trunk_records,
                                                state_dict=state_dict, private=private, gated=gated)
-    if gated and not gate_biases and not chosen.method.decay_gains:
-        # the method's own form (no Fixup biases added): its recipe's groups, gates and biases undecayed
-        source.adapted_method = chosen.method
+    _declare_recipe(seen.source, chosen.method, gated and not gate_biases)
     warn_report(AdaptReport(warnings=new_warnings), stacklevel=2)
-    return source, result
+    return seen.source, result
+
+
+def _declare_recipe(source: nn.Module, method: Method, own_form: bool) -> None:
+    """A gated method's own form (no Fixup biases added) whose recipe differs from the scalars' defaults (SkipInit:
+    gates and biases undecayed) declares its method, which fixup.param_groups reads (fixup.method.model_method)."""
+    if own_form and not method.decay_gains:
+        source.adapted_method = method
 
 
 def _adapt_nf(seen: _Seen, chosen: Chosen, generator: torch.Generator | None,
