@@ -56,6 +56,20 @@ def test_a_factory_file_may_return_its_example_input(factory: Path, capsys: pyte
     assert "m=2" in capsys.readouterr().out
 
 
+def test_a_factory_file_loads_as_an_import_would(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file path loads its module as an import does: dataclasses declared in it work (they look their module up
+    in sys.modules), and it imports the files beside it."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("WIDTH = 16\n")
+    extra = ("\n\n@dataclass\nclass Config:\n    width: int = WIDTH\n\n\n"
+             "def build_from_config():\n    assert Config().width == 16\n    return build()\n")
+    (folder / "zoo.py").write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n"
+                                   "from helpers import WIDTH\n" + FACTORY + extra)
+    assert main(["inspect", "--adapt", f"{folder / 'zoo.py'}:build_from_config", "--input-shape", "2,4"]) == 0
+    assert "L = 2 residual branches" in capsys.readouterr().out
+
+
 def test_errors_say_what_to_give(factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", "--adapt", "user_models:build"]) == 2
     assert "--input-shape" in capsys.readouterr().err

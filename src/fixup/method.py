@@ -331,7 +331,8 @@ def as_method(method: Method | str) -> Method:
 def model_method(model: object) -> Method | None:
     """The method ``model`` was built for (``model.method``, the library's models) or adapted to by
     :func:`fixup.adapt` (``model.adapted_method``, set where the adapted form has a recipe of its own: the
-    NF-ResNets', SkipInit's undecayed gates and biases), else ``None``. What the recipe's readers (AGC's rule, the optimiser groups) ask of a model."""
+    NF-ResNets', SkipInit's undecayed gates and biases), else ``None``. What the recipe's readers (AGC's rule,
+    the optimiser groups) ask of a model."""
     for attr in ("method", "adapted_method"):
         found = getattr(model, attr, None)
         if isinstance(found, Method):

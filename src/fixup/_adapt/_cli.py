@@ -29,9 +29,7 @@ def load_factory(spec: str) -> Any:
         path = Path(module_name)
         if not path.is_file():
             raise FileNotFoundError(f"--adapt {spec}: no file {path}")
-        loader = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
-        loader.loader.exec_module(module)  # type: ignore[union-attr]
+        module = _exec_file(path)
     else:
         if str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
@@ -44,6 +42,25 @@ def load_factory(spec: str) -> Any:
     if not callable(factory):
         raise ValueError(f"--adapt {spec}: {module_name} has no callable {attr!r}")
     return factory
+
+
+def _exec_file(path: Path) -> Any:
+    """The module in the file at ``path``, run as an import would run it: registered in ``sys.modules`` (which
+    ``dataclasses`` and pickling look a class's module up in) and with its folder on ``sys.path`` (so that it
+    imports the files beside it)."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = path.stem if path.stem not in sys.modules else f"{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def example_inputs(shapes: list[str], tokens: int) -> tuple[Tensor, ...]:
