@@ -140,3 +140,27 @@ def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
     assert "| converted |" in saved["table"]
     pooled = bench.pooled(saved, saved).splitlines()  # a run pooled with itself: each seed once, the lead paired
     assert len(pooled) == 2 + 3 * 4 - 1  # header, separator, 4 routes a setting, no BatchNorm in train mode under dp
+
+
+def test_fine_tuning_a_converted_model_takes_the_measured_recipe_where_the_command_leaves_it() -> None:
+    """`fixup train --extra '{"converted": ...}'` without other options fine-tunes by the recipe benchmarks/transfer.py
+    measured (no weight decay, cosine, no warm-up, global norm at 1, rate 0.1; 0.03 at tiny batches and under dp);
+    every option given explicitly wins, and a run without a converted model keeps the engine's defaults."""
+    import argparse
+
+    from fixup.train.cli import config_from_args
+
+    def config(**given):
+        return config_from_args(argparse.Namespace(**given))
+
+    converted = {"extra": {"converted": "model.pt"}}
+    c = config(**converted)
+    assert (c.lr, c.weight_decay, c.schedule, c.warmup_steps) == (0.1, 0.0, "cosine", 0)
+    assert (c.clip, c.grad_clip) == ("norm", 1.0)
+    assert config(**converted, batch_size=2).lr == 0.03
+    private = config(**converted, dp=True, target_epsilon=8.0)
+    assert private.lr == 0.03 and private.clip == "auto"  # the per-example clipping replaces the global one
+    mine = config(**converted, lr=0.3, schedule="step", weight_decay=1e-4)
+    assert (mine.lr, mine.schedule, mine.weight_decay) == (0.3, "step", 1e-4)
+    plain = config()
+    assert (plain.weight_decay, plain.schedule) == (5e-4, "step")

@@ -26,6 +26,7 @@ from typing import Any
 from .._io import read_json
 from ..method import resolve_method
 from .config import SECTIONS, TrainConfig
+from .recipe import finetune_defaults
 
 __all__ = ["config_from_args", "register"]
 
@@ -108,6 +109,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             resolve_method(base.norm or None, changes["init"] or None)
         except ValueError:
             changes["norm"] = ""
+    if changes.get("extra", {}).get("converted") and not getattr(args, "config", None):
+        changes = {**finetune_defaults(changes), **changes}  # fine-tuning a converted model: its recipe
     return base.replace(**changes)
 
 

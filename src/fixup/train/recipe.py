@@ -22,7 +22,16 @@ from typing import Any
 from ..method import CLIPPINGS, Method, resolve_method
 from .config import TrainConfig
 
-__all__ = ["Recipe", "apply_recipe", "config_method", "recipe_defaults", "warmup_options"]
+__all__ = ["FINETUNE_RECIPE", "Recipe", "apply_recipe", "config_method", "finetune_defaults", "recipe_defaults",
+           "warmup_options"]
+
+# Fine-tuning a model converted by fixup.convert (``--extra '{"converted": PATH}'``), as measured by
+# benchmarks/transfer.py (docs/convert.md, "Fine-tuning"): SGD over fixup.param_groups (the scalars at a tenth of
+# the rate) without weight decay, a cosine schedule to 0 without warm-up, the global gradient norm clipped at 1
+# (without it the converted ResNet-20 diverged at batch 32, lr 0.3); the rate 0.1 (0.03 at batches of 4 or fewer
+# and under dp, where the converted routes chose 3-10x lower rates than the normalised ones).
+FINETUNE_RECIPE: dict[str, Any] = {"weight_decay": 0.0, "schedule": "cosine", "warmup_steps": 0, "clip": "norm",
+                                   "grad_clip": 1.0}
 
 @dataclass(frozen=True)
 class Recipe:
@@ -127,3 +136,14 @@ def warmup_options(method: Method, warmup_steps: int) -> dict[str, int]:
     T-Fixup) ``{"decay_period": warmup_steps}``: the inverse square-root decay from the first step, with the
     warm-up's length as its period (T-Fixup's authors' IWSLT recipe: P = 4,000, the base recipe's warm-up)."""
     return {"warmup_steps" if method.warmup else "decay_period": warmup_steps}
+
+
+def finetune_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of :data:`FINETUNE_RECIPE` (and its rate) that ``given``, the options set explicitly, leaves
+    open: what a run fine-tuning a converted model takes from the recipe. Under dp the per-example clipping
+    replaces the global one, so ``clip`` is left to it."""
+    dp = bool(given.get("dp", False))
+    out = {k: v for k, v in FINETUNE_RECIPE.items() if k not in given and not (dp and k in ("clip", "grad_clip"))}
+    if "lr" not in given:
+        out["lr"] = 0.03 if dp or given.get("batch_size", TrainConfig.batch_size) <= 4 else 0.1
+    return out
