@@ -302,14 +302,14 @@ _DEEP = dict(
                                             for name in ("regularisation", "theory")}},
     # fixup_batch_scaled is left out as in the quick grid (at batch 32 its rate is 0.025: it did not learn in 45 steps).
     # A collapse is called after 5 dead steps, not 20: at 10,000 layers a step is 10-20 s of one core.
-    # SkipInit is not a row: when the tier ran, it built the same network as ReZero (a scalar gate at 0 on each
-    # branch; now skipinit_he) and gave ReZero's accuracies seed for seed at 10, 100 and 1,000 layers. Since issue
-    # 41 skipinit draws as its authors' code does, a different network (docs/methods.md). ReZero runs twice:
+    # SkipInit's row is its authors' network (issue 41: a truncated-normal draw from fan-in and a zero classifier;
+    # docs/methods.md). Before that it built the same network as ReZero (a scalar gate at 0 on each branch; now
+    # skipinit_he) and gave ReZero's accuracies seed for seed at 10, 100 and 1,000 layers. ReZero runs twice:
     # its gates at the weights' rate, and at a tenth of it (docs/methods.md: unclipped at lr 0.1, the full rate
     # diverged a WRN-1000 seed).
     depth=DepthGrid(depths=(10, 100, 1000, 10000), batch_size=32, batch_size_10000=32, collapse_patience=5,
                     methods=("fixup", "batchnorm", "fixup_paper", "lsuv", "sqrt2", "he", "rezero",
-                             "rezero_slow_gates", "nf_resnet")),
+                             "rezero_slow_gates", "nf_resnet", "skipinit")),
     # The ablations at depth, under Figure 3's protocol (the depth grid's), instead of ResNet-32's 90 steps, where
     # 32 layers leave rule 2's factor mild and two seeds resolve no difference (issue 39). Every ablation at 1,000
     # layers; n=5 for the three whose effect is expected small (x0.1, no scalar biases, no multiplier: their claims
