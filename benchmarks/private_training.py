@@ -9,6 +9,10 @@
     PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
         --epsilons 8 --routes fixup groupnorm --lrs 0.2 0.5 1 --max-grad-norms 0.1 0.3 1 --lr-times-bound \\
         --json benchmarks/results/private_training_resnet20_clip_search.json
+    # the non-private control: the same runs and search without DP, what privacy costs each route
+    PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 \\
+        --non-private --routes fixup groupnorm --lrs 0.02 0.05 0.1 0.2 0.5 \\
+        --json benchmarks/results/private_training_resnet20_non_private.json
     # step time only: every route side by side in one process (ratios to GroupNorm)
     PYTHONPATH=src python benchmarks/private_training.py --archs resnet20 --image-size 0 --channels 0 --timing 15 \\
         --json benchmarks/results/private_step_time_resnet20.json
@@ -41,7 +45,8 @@ smoke test's). Routes (``--routes``), each on every architecture:
 - ``fixup``: Fixup (fixup-lab's own model at ``norm="fixup"``; timm's through ``fixup.adapt``);
 - ``skipinit`` / ``rezero``: the same with SkipInit's / ReZero's gates;
 - ``nf_resnet``: the NF-ResNet of the same depth (scaled weight standardisation, the authors' zero-started skip
-  gains; ``norm="none", init="nf_resnet"``; fixup-lab's models only): normalisation-free and, like GroupNorm,
+  gains; ``norm="none", init="nf_resnet"``; timm's through ``fixup.adapt(method="nf_resnet")``): normalisation-free
+  and, like GroupNorm,
   insensitive to its convolutions' scale, which DP-SGD's noise inflates;
 - ``groupnorm``, the reference route: the same architecture with GroupNorm where it had BatchNorm and no in-place
   addition on a module's output. fixup-lab's models at ``norm="groupnorm"``; timm's ResNet-18 as Opacus's
@@ -164,25 +169,47 @@ def timm_resnet18_he(num_classes: int, in_channels: int) -> nn.Module:
 
 # -- one run --------------------------------------------------------------------------------------------------------
 def config_for(arch: str, route: str, epsilon: float, seed: int, lr: float, opts: dict[str, Any]) -> dict[str, Any]:
-    """The flat TrainConfig options of one run."""
+    """The flat TrainConfig options of one run (``epsilon`` infinite: the non-private control, same budget)."""
+    private = ({"dp": True, "target_epsilon": epsilon, "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"],
+                "accountant": "rdp", **({"dp_physical_batch": opts["dp_physical_batch"]}
+                                        if opts.get("dp_physical_batch") else {})}
+               if math.isfinite(epsilon) else {"clip": "none"})
     common = {"dataset": "digits", "image_size": opts["image_size"], "channels": opts["channels"],
               "batch_size": opts["batch_size"], "epochs": opts["epochs"], "lr": lr,
               "momentum": opts["momentum"], "weight_decay": 0.0, "schedule": "cosine", "eval_every": opts["epochs"],
-              "checkpoint": False, "seed": seed, "device": opts["device"], "dp": True, "target_epsilon": epsilon,
-              "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"], "accountant": "rdp",
-              **{k: opts[k] for k in ("dp_physical_batch", "max_updates") if opts.get(k)}}
+              "checkpoint": False, "seed": seed, "device": opts["device"], **private,
+              **({"max_updates": opts["max_updates"]} if opts.get("max_updates") else {}),
+              **opts.get("overrides", {})}
     if arch in _OURS:
         norm, init = _OUR_ROUTES[route]
         return {**common, **_OURS[arch], "norm": norm, "init": init}
     here = str(Path(__file__).resolve())
-    if route == "nf_resnet":
-        raise ValueError("fixup.adapt cannot apply nf_resnet to a model written elsewhere yet (issue 38); the route "
-                         "exists for fixup-lab's own models only")
-    if route in ("fixup", "skipinit", "rezero"):
+    if route in ("fixup", "skipinit", "rezero", "nf_resnet"):
         return {**common, "adapt": f"{here}:timm_resnet18", "norm": "fixup" if route == "fixup" else "",
                 "init": "" if route == "fixup" else route}
     factory = {"groupnorm": "timm_resnet18_groupnorm", "he": "timm_resnet18_he"}[route]
     return {**common, "adapt": f"{here}:{factory}", "norm": route if route == "groupnorm" else "none"}
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["scalar_lr_mult=1", "schedule=\"constant\""]`` as TrainConfig fields (each value JSON, else a string);
+    a ValueError names an item without ``=`` or a field TrainConfig does not have."""
+    import dataclasses
+
+    from fixup.train import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a TrainConfig field (e.g. "
+                             f"scalar_lr_mult=1){'' if not sep else f'; {key!r} is not one'}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def _rss_mb() -> float:
@@ -252,7 +279,8 @@ def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
         for row in pool.map(run_one, specs):
             rows.append(row)
-            shown = (f"{100 * row['acc']:.1f}%, epsilon {row['epsilon_spent']:.2f}, "
+            spent = f"epsilon {row['epsilon_spent']:.2f}" if row.get("epsilon_spent") else "non-private"
+            shown = (f"{100 * row['acc']:.1f}%, {spent}, "
                      f"{1000 * (row['s_per_step'] or 0):.0f} ms/step" if row["status"] == "completed" else
                      row.get("error") or f"{row['status']}: {row.get('reason', '')}")
             print(f"  {row['arch']} {row['route']} eps {row['epsilon']:g} lr {row['lr']:g} "
@@ -443,7 +471,8 @@ def table(summary: list[dict[str, Any]], memory: str) -> str:
         mem = f"{s['peak_memory_mb']:.0f}" if s["peak_memory_mb"] is not None else ""
         eps = f"{s['epsilon_spent']:.2f}" if s["epsilon_spent"] is not None else ""
         outcomes = ", ".join(f"{o} x{s['outcomes'].count(o)}" for o in sorted(set(s["outcomes"])))
-        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {s['max_grad_norm']:g} | "
+        bound = f"{s['max_grad_norm']:g}" if math.isfinite(s["epsilon"]) else "none"
+        lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {bound} | "
                      f"{acc} | {ci} | {ms} | {mem} | {eps} | {outcomes} |")
         lines += [f"|  |  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
     return "\n".join(lines)
@@ -484,13 +513,25 @@ def main() -> None:
     p.add_argument("--timing", type=int, default=0, metavar="N",
                    help="only measure step time: N interleaved private steps of each route per architecture, side by "
                         "side in one process (ratios to the GroupNorm route); no training")
+    p.add_argument("--non-private", action="store_true",
+                   help="the control: every run without DP (no per-example clipping, no noise, shuffled batches; "
+                        "epsilon shown as inf), the same budget, schedule and rate search; --epsilons is ignored")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="TrainConfig fields for every run, values as JSON (e.g. scalar_lr_mult=1 weight_decay=5e-4)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the settings, every run and the table")
     args = p.parse_args()
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        p.error(str(err))
     if args.quick:
         args.archs, args.epsilons, args.seeds, args.epochs = ["wrn10-1"], [8.0], [0], 1
         args.image_size, args.channels, args.batch_size, args.lr = 0, 0, 512, 0.5
+    if args.non_private:
+        args.epsilons = [math.inf]
     opts = {k: getattr(args, k) for k in ("image_size", "channels", "batch_size", "epochs", "momentum", "delta",
                                           "device", "dp_physical_batch", "max_updates")}
+    opts["overrides"] = overrides
     opts["max_grad_norm"] = args.max_grad_norms[0]
     if args.lr is not None and len(args.max_grad_norms) > 1:
         p.error(f"--lr {args.lr:g} sets one rate without a search, but --max-grad-norms gives "

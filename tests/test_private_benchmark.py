@@ -1,0 +1,61 @@
+"""benchmarks/private_training.py builds its runs' configurations as it documents: the private runs, the non-private
+control at the same budget, TrainConfig overrides for every run, and the routes of timm's ResNet-18 through adapt."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from fixup.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("private_training_benchmark", ROOT / "benchmarks" /
+                                                  "private_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OPTS = {"image_size": 0, "channels": 0, "batch_size": 256, "epochs": 20, "momentum": 0.9, "delta": 1e-5,
+        "device": "cpu", "dp_physical_batch": 0, "max_updates": 0, "max_grad_norm": 0.3}
+
+
+def test_a_private_run_spends_its_epsilon_at_its_bound(bench) -> None:
+    config = TrainConfig.from_dict(bench.config_for("resnet20", "fixup", 8.0, 1, 0.5, OPTS))
+    assert config.dp and config.target_epsilon == 8.0 and config.max_grad_norm == 0.3 and config.seed == 1
+
+
+def test_the_control_is_the_same_run_without_privacy(bench) -> None:
+    private = bench.config_for("resnet20", "groupnorm", 8.0, 0, 0.5, OPTS)
+    control = bench.config_for("resnet20", "groupnorm", math.inf, 0, 0.5, OPTS)
+    config = TrainConfig.from_dict(control)
+    assert not config.dp and config.clip == "none"
+    shared = {k: v for k, v in private.items() if k in control and k != "clip"}
+    assert shared == {k: control[k] for k in shared}  # budget, schedule, rate, seed and model as the private run's
+    assert {k for k in private if k not in control} == {"dp", "target_epsilon", "delta", "max_grad_norm",
+                                                        "accountant"}
+
+
+def test_overrides_reach_every_run_and_unknown_fields_are_refused(bench) -> None:
+    overrides = bench.parse_overrides(["scalar_lr_mult=1", "schedule=constant", "weight_decay=5e-4"])
+    assert overrides == {"scalar_lr_mult": 1, "schedule": "constant", "weight_decay": 5e-4}
+    config = TrainConfig.from_dict(bench.config_for("resnet20", "fixup", 8.0, 0, 0.5, {**OPTS,
+                                                                                        "overrides": overrides}))
+    assert (config.scalar_lr_mult, config.schedule, config.weight_decay) == (1, "constant", 5e-4)
+    for bad in (["scalar_lr_mult"], ["no_such_field=1"]):
+        with pytest.raises(ValueError, match="TrainConfig field"):
+            bench.parse_overrides(bad)
+
+
+def test_timm_resnet18_takes_every_normalisation_free_route_through_adapt(bench) -> None:
+    for route in ("fixup", "skipinit", "rezero", "nf_resnet"):
+        config = bench.config_for("timm-resnet18", route, 8.0, 0, 0.5, OPTS)
+        assert config["adapt"].endswith("private_training.py:timm_resnet18")
+        assert (config["norm"], config["init"]) == (("fixup", "") if route == "fixup" else ("", route))
