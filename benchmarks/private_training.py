@@ -173,7 +173,7 @@ def config_for(arch: str, route: str, epsilon: float, seed: int, lr: float, opts
     private = ({"dp": True, "target_epsilon": epsilon, "delta": opts["delta"], "max_grad_norm": opts["max_grad_norm"],
                 "accountant": "rdp", **({"dp_physical_batch": opts["dp_physical_batch"]}
                                         if opts.get("dp_physical_batch") else {})}
-               if math.isfinite(epsilon) else {"clip": "none"})
+               if math.isfinite(epsilon) else {})  # the control clips as the engine does by default (global norm 1)
     common = {"dataset": "digits", "image_size": opts["image_size"], "channels": opts["channels"],
               "batch_size": opts["batch_size"], "epochs": opts["epochs"], "lr": lr,
               "momentum": opts["momentum"], "weight_decay": 0.0, "schedule": "cosine", "eval_every": opts["epochs"],
@@ -471,7 +471,7 @@ def table(summary: list[dict[str, Any]], memory: str) -> str:
         mem = f"{s['peak_memory_mb']:.0f}" if s["peak_memory_mb"] is not None else ""
         eps = f"{s['epsilon_spent']:.2f}" if s["epsilon_spent"] is not None else ""
         outcomes = ", ".join(f"{o} x{s['outcomes'].count(o)}" for o in sorted(set(s["outcomes"])))
-        bound = f"{s['max_grad_norm']:g}" if math.isfinite(s["epsilon"]) else "none"
+        bound = f"{s['max_grad_norm']:g}" if math.isfinite(s["epsilon"]) else "global 1"
         lines.append(f"| {s['arch']} | {s['epsilon']:g} | {s['route']} | {s['lr']:g} | {bound} | "
                      f"{acc} | {ci} | {ms} | {mem} | {eps} | {outcomes} |")
         lines += [f"|  |  |  |  |  | error: {e[:120]} |  |  |  |  |  |" for e in s["errors"]]  # whole in the JSON
@@ -514,8 +514,9 @@ def main() -> None:
                    help="only measure step time: N interleaved private steps of each route per architecture, side by "
                         "side in one process (ratios to the GroupNorm route); no training")
     p.add_argument("--non-private", action="store_true",
-                   help="the control: every run without DP (no per-example clipping, no noise, shuffled batches; "
-                        "epsilon shown as inf), the same budget, schedule and rate search; --epsilons is ignored")
+                   help="the control: every run without DP (no per-example clipping and no noise: shuffled "
+                        "batches, the engine's default clipping of the global gradient norm to 1; epsilon shown as "
+                        "inf), the same budget, schedule and rate search; --epsilons is ignored")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="TrainConfig fields for every run, values as JSON (e.g. scalar_lr_mult=1 weight_decay=5e-4)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the settings, every run and the table")

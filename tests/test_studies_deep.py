@@ -9,6 +9,7 @@ import pytest
 from fixup.studies import depth, make_grid, translation
 from fixup.studies.claims import NOT_RUN
 from fixup.studies.estimate import estimate_seconds
+from fixup.studies.evidence import Cells
 from fixup.studies.runner import in_order, longest_first
 from fixup.studies.store import Store
 
@@ -158,3 +159,26 @@ def test_the_committed_deep_stores_resume_under_this_code(grid, tmp_path, folder
         assert rel in planned, f"{rel} is committed but the deep tier no longer plans it"
         store.is_done(planned[rel])  # raises ConfigMismatchError on a changed config
     assert not store.problems
+
+
+def test_the_report_draws_each_cells_per_step_loss(grid, tmp_path):
+    pytest.importorskip("matplotlib")
+
+    def cell(seed: int, losses: list[float | None], first: int = 1, outcome: str = "completed") -> dict:
+        rec = _record("fixup", 100, seed, 0.8)
+        rec["result"].update(outcome=outcome, step_loss={"first_step": first, "loss": losses})
+        return rec
+
+    restored = _record("fixup", 100, 2, 0.7)  # restored from a summary: no step_loss
+    recs = [cell(0, [2.3, 2.0, 1.5]), cell(1, [2.1, None, 1.7]), restored, cell(0, [2.3, 9.0], outcome="diverged")]
+    recs[-1]["method"] = "he"
+    summary = depth.summarise(recs, grid)
+    fixup_curve = summary["curves"]["100"]["fixup"]
+    assert [p["step"] for p in fixup_curve] == [1, 2, 3]
+    first, second, _ = (Cells.from_dict(p["loss"]) for p in fixup_curve)
+    assert first.values == (2.3, 2.1) and first.no_value == 1  # the restored cell has no curve
+    assert second.values == (2.0,) and second.no_value == 2  # a step whose loss was not finite
+    assert Cells.from_dict(summary["curves"]["100"]["he"][0]["loss"]).failed == {"diverged": 1}
+    assert "depth_loss_<depth>.png" in depth.markdown(summary, grid)
+    paths = depth.figures(summary, tmp_path)
+    assert [p.name for p in paths] == ["depth.png", "depth_loss_100.png"] and all(p.exists() for p in paths)

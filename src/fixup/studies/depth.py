@@ -85,7 +85,29 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     # one that happens to have finished (an unfinished depth reads "k of n planned seeds finished")
     depths = sorted({int(d) for m in methods.values() for d in m} | set(grid.depth.depths))
     return {"chance": chance_level(grid), "depths": depths, "methods": methods, "planned_seeds": grid.seeds,
-            "scale": _protocol(grid, "fixup").describe()}
+            "scale": _protocol(grid, "fixup").describe(), "curves": loss_curves(records, grid.seeds)}
+
+
+def _step_losses(result: dict[str, Any]) -> dict[int, float]:
+    """A cell's training loss by step (``step_loss``: every step its process ran; none in a cell restored from a
+    summary, which kept only the outcome and the accuracy)."""
+    record = result.get("step_loss") or {}
+    first = int(record.get("first_step") or 0)
+    return {first + i: v for i, v in enumerate(record.get("loss") or []) if v is not None}
+
+
+def loss_curves(records: list[dict[str, Any]], planned: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per depth and method, the training loss at each step over the seeds (a completed cell without the step's
+    loss counts as 'no value'; a failed one by its outcome): the data of the depth_loss_<depth> figures."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (method, depth), recs in group_records(records, "method", "depth").items():
+        per_cell = [(r["result"], _step_losses(r["result"])) for r in recs]
+        steps = sorted({s for _, losses in per_cell for s in losses})
+        if steps:
+            out.setdefault(str(depth), {})[method] = [
+                {"step": s, "loss": cells_from_results([dict(res, _loss=losses.get(s)) for res, losses in per_cell],
+                                                       planned, lambda r: r["_loss"]).to_dict()} for s in steps]
+    return out
 
 
 def _protocol(grid: Grid, method: str) -> Protocol:
@@ -200,15 +222,25 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
     for method in summary["methods"]:
         lines.append(f"| {LABELS.get(method, method)} | "
                      + " | ".join(_acc(_at(summary, method, d)) for d in depths) + " |")
+    curves = summary.get("curves", {})
+    if curves:
+        lines += ["", "Training loss at every step of the epoch, per depth (figures `depth_loss_<depth>.png`: the mean "
+                  "over the completed seeds as a line, ± std as a band, n in the legend; a failed cell is counted by "
+                  "its outcome): " + "; ".join(f"{int(d):,} layers, {len(curves[d])} methods" for d in
+                                              sorted(curves, key=int)) + "."]
     return "\n".join(lines)
 
 
 def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
-    from .plots import plot_depth
+    from .plots import plot_depth, plot_learning_curves
 
     if not summary["methods"]:
         return []
-    return [plot_depth(summary, LABELS, folder / "depth.png")]
+    curves = summary.get("curves", {})
+    return [plot_depth(summary, LABELS, folder / "depth.png")] + [
+        plot_learning_curves({LABELS.get(m, m): points for m, points in curves[d].items()},
+                             {"loss": f"training loss per step, {int(d):,} layers"}, folder / f"depth_loss_{d}.png")
+        for d in sorted(curves, key=int)]
 
 
 STUDY = Study("depth", "Depth: first-epoch accuracy at learning rate 0.1 (Figure 3)", train_cell, plan, summarise,
