@@ -247,10 +247,8 @@ def adapt_t_fixup(source: nn.Module, rw: Rewriter, residuals: list[Residual], ge
     report.xavier = [r for r in drawn.values() if r.name not in scaled]
     report.stacks = [s for s, _, _ in stacks]
     owners = {key if isinstance(key, int) else key[0] for key in drawn}  # type: ignore[index]
-    covered = {id(p) for m in source.modules() if id(m) in owners or isinstance(m, nn.MultiheadAttention)
-               for p in m.parameters(recurse=False)} | set(tables) | {id(m.weight) for m in source.modules()
-                                                                      if isinstance(getattr(m, "weight", None), Tensor)
-                                                                      and id(m.weight) in tables}
+    covered = set(tables) | {id(p) for m in source.modules() if id(m) in owners or isinstance(m, (
+        nn.MultiheadAttention, *WEIGHT_LAYERS)) for p in m.parameters(recurse=False)}  # drawn, or tied to a table
     report.untouched = [f"{n} ({'x'.join(map(str, p.shape))}): not a weight layer or input embedding T-Fixup draws"
                         for n, p in source.named_parameters() if id(p) not in covered]
 
