@@ -5,6 +5,7 @@ embeddings N(0, d^-1/2) (9N)^(-1/4), a step that lowers the loss, the method's r
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
@@ -181,6 +182,27 @@ def test_bert_scales_its_value_and_output_projections_and_not_its_queries_and_ke
         _close(attn.key.weight, D ** -0.5)
 
 
+def test_vit_s_value_projection_is_found_among_its_three_separate_projections(one_thread) -> None:
+    """Read from the recording (the projection whose output the softmax does not reach), never from its name."""
+    _, _, report = _adapt("vit")
+    names = [r.name for r in report.stacks[0].scaled]
+    values = [n for n in names if n.rpartition(".")[2] in ("value", "v_proj")]  # transformers 4.x / 5.x
+    assert len(values) == N and not [n for n in names if n.rpartition(".")[2] in ("query", "key", "q_proj", "k_proj")]
+
+
+def test_a_pre_norm_encoder_is_adapted_alike(one_thread) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = nn.TransformerEncoderLayer(D, HEADS, FFN, dropout=0.0, batch_first=True, norm_first=True)
+        model = nn.TransformerEncoder(layer, N, norm=nn.LayerNorm(D), enable_nested_tensor=False)
+        adapted, report = fixup.adapt(model, _seq(), method="t_fixup")
+    (stack,) = report.stacks
+    assert (stack.layers, stack.sublayers, stack.factor) == (N, 2, pytest.approx(ENCODER))
+    assert len(report.norms_removed) == 2 * N + 1 and not any(isinstance(m, nn.LayerNorm) for m in adapted.modules())
+    with torch.no_grad():
+        assert torch.isfinite(adapted(_seq())).all()
+
+
 @pytest.mark.parametrize("name", ["gpt2", "encoder"])
 def test_only_the_value_slice_of_a_fused_qkv_weight_is_scaled(name: str, one_thread) -> None:
     """GPT-2's ``c_attn`` (a Conv1D, stored in x out) and ``nn.MultiheadAttention.in_proj_weight``: rows Q, K, V,
@@ -337,6 +359,15 @@ def test_fixup_inspect_prints_the_t_fixup_report(factory: Path, capsys: pytest.C
     assert "adapted to t_fixup: " in text and "(trunk" not in text
     assert "stack encoder.layers: N = 2 layers of 2 sub-blocks" in text and "embedding pos" in text
     assert "embedding patch (Conv2d" in text and "norm: LayerNorm removed" in text
+    out = factory.parent / "report.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fixup.FixupWarning)
+        assert main(["inspect", "--adapt", f"{factory}:build_with_input", "--method", "t_fixup", "--json",
+                     str(out)]) == 0
+    saved = json.loads(out.read_text())
+    (stack,) = saved["report"]["stacks"]
+    assert saved["method"] == "t_fixup" and stack["layers"] == 2 and stack["factor"] == pytest.approx(0.67 * 2 ** -0.25)
+    assert saved["report"]["num_branches"] == 4 and len(stack["scaled"]) == 8
 
 
 # --- refusals: each names the model, what is missing and what to do instead ---

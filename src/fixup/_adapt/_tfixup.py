@@ -242,7 +242,7 @@ def adapt_t_fixup(source: nn.Module, rw: Rewriter, residuals: list[Residual], ge
     drawn = _draw_xavier(source, plan, names, tables, generator, report)
     done: set[int] = set()
     for stack, sums, (ts, projections) in stacks:
-        _draw_stack(stack, sums, ts, projections, plan, names, drawn, done, generator)
+        _draw_stack(stack, sums, ts, projections, plan, drawn, done, generator)
     scaled = {r.name for s, _, _ in stacks for r in [*s.scaled, *s.embeddings]}
     report.xavier = [r for r in drawn.values() if r.name not in scaled]
     report.stacks = [s for s, _, _ in stacks]
@@ -254,7 +254,7 @@ def adapt_t_fixup(source: nn.Module, rw: Rewriter, residuals: list[Residual], ge
 
 
 def _draw_stack(stack: TFixupStack, sums: list[Residual], tables: list[tuple[str, Tensor]],
-                projections: list[nn.Module], plan: _Plan, names: dict[int, str], drawn: dict[object, LayerRecord],
+                projections: list[nn.Module], plan: _Plan, drawn: dict[object, LayerRecord],
                 done: set[int], generator: torch.Generator | None) -> None:
     """Scale the stack's sub-blocks and draw its input embeddings (a table another stack drew keeps its draw)."""
     for r in sums:
