@@ -67,7 +67,7 @@ def refuse_other_norms(model: nn.Module) -> None:
                          "or 'nf_resnet'")
 
 
-def _ancestors(node: fx.Node, stop: set[fx.Node] = frozenset()) -> set[fx.Node]:  # type: ignore[assignment]
+def _ancestors(node: fx.Node, stop: set[fx.Node] | frozenset[fx.Node] = frozenset()) -> set[fx.Node]:
     """``node`` and every node its value depends on (not through shape reads, not past ``stop``)."""
     seen, todo = {node}, [node]
     while todo:
@@ -80,7 +80,7 @@ def _ancestors(node: fx.Node, stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
 
 
 class _Plan:
-    """The sub-blocks and stacks of the recorded model, each sub-block's scaled layers, each stack's embeddings."""
+    """The recorded model's sub-blocks (each one's kind and scaled layers) and its stacks (chains of sub-blocks)."""
 
     def __init__(self, rw: Rewriter, residuals: list[Residual], name: str) -> None:
         self.rw, self.name, self.modules = rw, name, rw.modules
