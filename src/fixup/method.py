@@ -83,8 +83,10 @@ FAMILIES = {
 #   "gate":  every normalisation goes, each branch ends in a gate at 0, drawn by the method's initialiser;
 #   "dyt":   every LayerNorm becomes a DyT where it stood (its affine kept), nothing else changes (Method.dyt_alpha);
 #   "nf":    every normalisation goes, every convolution is weight-standardised, each activation scaled by its gamma
-#            and each branch h + alpha * g * F(h / beta) on the recorded residual sums (fixup._adapt._nf).
-ADAPT_FORMS = ("", "fixup", "gate", "dyt", "nf")
+#            and each branch h + alpha * g * F(h / beta) on the recorded residual sums (fixup._adapt._nf);
+#   "t_fixup": every LayerNorm goes, every weight layer Xavier, the embeddings N(0, d^-1/2), and each stack's value,
+#            output and feed-forward weights and embeddings scaled by its depth (fixup._adapt._tfixup).
+ADAPT_FORMS = ("", "fixup", "gate", "dyt", "nf", "t_fixup")
 # Gradient clipping: the one vocabulary of the method table (Method.clip: "" when the method prescribes none), of
 # the training config (TrainConfig.clip, which adds "auto": the method's own, else "norm") and of the recipe the
 # engine applies (fixup.train.recipe). Each with what it is, as a recipe's note says it.
@@ -262,7 +264,7 @@ _ALL: tuple[Method, ...] = (
            drop_path=0.1, adapt="nf"),
     Method("none", "t_fixup", "T-Fixup (Huang et al. 2020): Xavier, no LayerNorm, no warm-up; value, output and MLP "
            "weights and the embeddings scaled by the encoder's 0.67 N^(-1/4) and the decoder's (9N)^(-1/4)",
-           initialiser="t_fixup", family="transformer", warmup=False),
+           initialiser="t_fixup", family="transformer", warmup=False, adapt="t_fixup"),
     # Zhu et al. (CVPR 2025): DyT where each LayerNorm was, trained as the LayerNorm model (their code changes only
     # the layer); the Transformer's linear layers as the LayerNorm baseline's (fairseq's Xavier). Their Limitations
     # report that DyT does not replace BatchNorm: adapt refuses a model with BatchNorm (docs/methods.md).
@@ -275,7 +277,7 @@ _ALL: tuple[Method, ...] = (
 # "t_fixup", "dyt".
 METHODS: dict[str, Method] = {m.name: m for m in _ALL}
 # The methods fixup.adapt applies (Method.adapt): Fixup, those whose only structural change is a gate per branch, the
-# NF-ResNets on the recorded residual sums, and DyT in place of each LayerNorm.
+# NF-ResNets on the recorded residual sums, DyT in place of each LayerNorm, and T-Fixup on a Transformer's stacks.
 ADAPT_METHODS = tuple(name for name, m in METHODS.items() if m.adapt)
 DEFAULT_INIT = {"fixup": "fixup", "none": "he", "batchnorm": "he", "groupnorm": "he", "layernorm": "xavier",
                 "dyt": "xavier"}

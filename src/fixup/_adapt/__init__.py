@@ -49,12 +49,17 @@ from ._options import Chosen, check_options
 from ._record import Recording, record
 from ._report import AdaptReport, GateAdaptReport, NormChange, ResidualRecord
 from ._rewrite import Rewriter
+from ._tfixup import adapt_t_fixup, refuse_other_norms, remove_norms_
+from ._tfixup_report import TFixupAdaptReport, TFixupStack
 from ._trunk import TRUNK_RULES, TrunkRecord, trunk_init_
 from ._weights import WeightsLoaded, load_original, untie_
 
 __all__ = ["ADAPT_METHODS", "TRUNK_RULES", "AdaptError", "AdaptReport", "DyTAdaptReport", "DyTRecord",
            "GateAdaptReport", "NFActivation", "NFAdaptReport", "NFResidual", "NormChange", "ResidualRecord",
-           "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
+           "TFixupAdaptReport", "TFixupStack", "TrunkRecord", "WeightsLoaded", "adapt", "load_original", "trunk_init_"]
+
+
+AnyReport = AdaptReport | GateAdaptReport | DyTAdaptReport | NFAdaptReport | TFixupAdaptReport  # adapt's, by method
 
 
 def as_inputs(example_input: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -130,7 +135,7 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
           untie_weights: bool = True, state_dict: Mapping[str, Tensor] | None = None,
           generator: torch.Generator | None = None, mode: str | None = None, trunk: str = "lsuv", method: str = "fixup",
           gate_biases: bool = False, leaf_modules: tuple[type[nn.Module], ...] = (), private: bool = False,
-          **init_options: Any) -> tuple[nn.Module, AdaptReport | GateAdaptReport | DyTAdaptReport | NFAdaptReport]:
+          **init_options: Any) -> tuple[nn.Module, AnyReport]:
     """Return a Fixup-parameterised, Fixup-initialised copy of ``model`` (same class) and its report.
 
     With ``method="skipinit"`` or ``"rezero"`` the copy is that method's instead: each branch ends in a
@@ -172,8 +177,8 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
             shortcuts, downsampling layers, blocks without a skip), one of ``TRUNK_RULES``: ``"lsuv"`` (default)
             scales each, in execution order, to unit output RMS on the example input; ``"fan_in"`` draws it from
             He's fan-in; ``"none"`` keeps :func:`fixup.fixup_init_`'s draw. See :func:`trunk_init_`.
-        method: ``"fixup"`` (default), one of the gated methods of ``fixup.METHODS``, or ``"dyt"``
-            (``ADAPT_METHODS``).
+        method: ``"fixup"`` (default), a gated method of ``fixup.METHODS``, ``"dyt"`` or ``"t_fixup"`` (T-Fixup on
+            a Transformer's stacks without LayerNorm, :mod:`fixup._adapt._tfixup`; ``ADAPT_METHODS``).
         gate_biases: under a gated method, put a scalar bias where a removed normalisation stood before an
             activation or inside a branch, as Fixup does (``True``), or none (``False``, the default: neither
             paper adds one, and the biases did not train better, docs/methods.md). Fixup keeps its biases (rule
@@ -188,11 +193,9 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     stage outside ``SIGNAL_BAND`` (0.5x to 2x) or a trunk layer no rule could set.
     """
     chosen = check_options(method, trunk, gate_biases, mode, init_options)  # before the model runs
-    if chosen.method.adapt == "dyt":
-        copied, dyt_report = adapt_dyt(model, as_inputs(example_input), chosen.method, strict=strict,
-                                       state_dict=state_dict)
-        dyt_report.private = _private_readiness(copied, as_inputs(example_input), private)
-        return copied, dyt_report
+    if chosen.method.adapt in ("dyt", "t_fixup"):  # the Transformer methods
+        return _transformer_form(model, as_inputs(example_input), chosen, strict, leaf_modules, generator,
+                                 state_dict, private)
     seen = _record_model(model, as_inputs(example_input), strict, leaf_modules)
     if chosen.method.adapt == "nf":
         return _adapt_nf(seen, chosen, generator, state_dict, private)
@@ -227,6 +230,37 @@ def _adapt_nf(seen: _Seen, chosen: Chosen, generator: torch.Generator | None,
                        *report.warnings]
     report.private = _private_readiness(source, args, private)
     warn_report(AdaptReport(warnings=report.warnings), stacklevel=3)
+    return source, report
+
+
+_T_FIXUP_APPLIES = ("T-Fixup scales a Transformer's residual sub-blocks (attention, feed-forward): a model without "
+                    "them is not one. Use method='fixup' for another residual network")
+
+
+def _transformer_form(model: nn.Module, args: tuple[Tensor, ...], chosen: Chosen, strict: bool,
+                      leaf_modules: tuple[type[nn.Module], ...], generator: torch.Generator | None,
+                      state_dict: Mapping[str, Tensor] | None,
+                      private: bool) -> tuple[nn.Module, DyTAdaptReport | TFixupAdaptReport]:
+    """The Transformer methods: DyT in each LayerNorm's place, or T-Fixup (:mod:`fixup._adapt._tfixup`) on the
+    recorded copy, drawn, scaled and without LayerNorm, which declares its method (``model.adapted_method``: its
+    recipe has no warm-up, ``Method.warmup``) for the engine and fixup.param_groups."""
+    if chosen.method.adapt == "dyt":
+        copied, dyt_report = adapt_dyt(model, args, chosen.method, strict=strict, state_dict=state_dict)
+        dyt_report.private = _private_readiness(copied, args, private)
+        return copied, dyt_report
+    refuse_other_norms(model)  # a convolutional network: before it runs
+    seen = _record_model(model, args, strict, leaf_modules, _T_FIXUP_APPLIES)
+    source = seen.source
+    rw = Rewriter(source, seen.rec.graph, seen.analysis, seen.rec.calls)
+    report = TFixupAdaptReport(chosen.method.name)
+    remove_norms_(rw, source, args, seen.leaf_modules, report)
+    adapt_t_fixup(source, rw, seen.analysis.residuals, generator, report)
+    source.adapted_method = chosen.method
+    loaded = load_original(source, state_dict) if state_dict is not None else WeightsLoaded()
+    report.weights_loaded, report.weights_dropped = loaded.loaded, loaded.dropped
+    report.warnings = [*seen.problems, *_notes(seen, []), *report.warnings]
+    report.private = _private_readiness(source, args, private)
+    warn_report(AdaptReport(warnings=report.warnings), stacklevel=4)
     return source, report
 
 
@@ -301,7 +335,8 @@ class _Seen:
 
 
 def _record_model(model: nn.Module, args: tuple[Tensor, ...], strict: bool,
-                  leaf_modules: tuple[type[nn.Module], ...]) -> _Seen:
+                  leaf_modules: tuple[type[nn.Module], ...],
+                  applies: str = "Fixup applies to residual networks only") -> _Seen:
     """Record a copy of ``model`` on ``args`` and find its residual sums; an :class:`AdaptError` where it has none,
     or (``strict``) where something cannot be attributed."""
     name = type(model).__name__
@@ -328,7 +363,7 @@ def _record_model(model: nn.Module, args: tuple[Tensor, ...], strict: bool,
                            "and get the rest as warnings.")
     if not analysis.residuals:
         raise AdaptError(f"fixup.adapt found no residual sum y = x + F(x) with a weight layer on F in {name}; "
-                         "Fixup applies to residual networks only")
+                         f"{applies}")
     return _Seen(source, args, leaf_modules, swapped, rec, other, nonlinear_before, analysis, problems)
 
 

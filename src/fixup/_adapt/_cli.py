@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                          "--input-shape 2,3,224,224), or let the factory return (model, example_input)")
     adapted, report = adapt(model, example, strict=not args.lenient, method=method, trunk=trunk)
     params = sum(p.numel() for p in adapted.parameters())
-    how = "" if METHODS[method].adapt in ("dyt", "nf") else f" (trunk {trunk})"  # DyT and NF set no trunk layer
+    how = "" if METHODS[method].adapt in ("dyt", "nf", "t_fixup") else f" (trunk {trunk})"  # these set no trunk
     print(f"{args.adapt} adapted to {'Fixup' if method == 'fixup' else method}{how}: {params:,} parameters")
     branches = getattr(report, "branches", None)  # a DyT report has none: every LayerNorm replaced, listed whole
     print(str(report) if branches is None else report.format(max_branches=len(branches) if args.verbose else 12))

@@ -219,5 +219,5 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         finally:
             source.train(was_training)
     for message in report.warnings:
-        warnings.warn(message, FixupWarning, stacklevel=3)
+        warnings.warn(message, FixupWarning, stacklevel=4)  # the caller of fixup.adapt
     return source, report

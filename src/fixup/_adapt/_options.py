@@ -80,7 +80,7 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
             raise ValueError(f"{key} must be one of {FAN_MODES}, got {given[key]!r}")
     if "base" in given and given["base"] not in BASE_INITS:
         raise ValueError(f"base must be one of {BASE_INITS}, got {given['base']!r}")
-    if chosen.adapt in ("dyt", "nf"):
+    if chosen.adapt in _FIXED:
         return _check_fixed(chosen, trunk, gate_biases, given)
     gated = chosen.adapt == "gate"
     if not gated and gate_biases:
@@ -104,12 +104,15 @@ _FIXED = {
     "nf": ("standardises every convolution, so the standardisation, not the draw, sets each layer's scale (raw "
            "weights N(0, 1/fan_in) as the library's NF-ResNet), and scales each branch by alpha and 1/beta instead "
            "of any depth rule; the trunk is standardised too"),
+    "t_fixup": ("draws every weight by T-Fixup's own rule (Xavier, the embeddings N(0, d^-1/2), each stack's depth "
+                "factor of Huang et al. 2020, section 3.3): no He fan, base, Fixup option or trunk rule applies"),
 }
 
 
 def _check_fixed(chosen: Method, trunk: str, gate_biases: bool, given: dict[str, Any]) -> Chosen:
     """DyT changes nothing but the LayerNorms: it draws no weight, declares no branch and no trunk. The NF-ResNet
-    form fixes every convolution's scale by standardisation: no fan, base, depth rule or trunk rule applies."""
+    form fixes every convolution's scale by standardisation: no fan, base, depth rule or trunk rule applies. T-Fixup
+    draws every weight by its own rule."""
     head = f"method={chosen.name!r} {_FIXED[chosen.adapt]}"
     if given:
         key = next(iter(given))
