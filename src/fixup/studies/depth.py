@@ -85,7 +85,9 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     # one that happens to have finished (an unfinished depth reads "k of n planned seeds finished")
     depths = sorted({int(d) for m in methods.values() for d in m} | set(grid.depth.depths))
     return {"chance": chance_level(grid), "depths": depths, "methods": methods, "planned_seeds": grid.seeds,
-            "scale": _protocol(grid, "fixup").describe(), "curves": loss_curves(records, grid.seeds)}
+            "scale": _protocol(grid, "fixup").describe(), "curves": loss_curves(records, grid.seeds),
+            "no_curve": sorted(f"{LABELS.get(r['method'], r['method'])} at {r['setting']['depth']:,} layers, seed "
+                               f"{r['seed']}" for r in records if not _step_losses(r["result"]))}
 
 
 def _step_losses(result: dict[str, Any]) -> dict[int, float]:
@@ -228,6 +230,9 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
                   "over the completed seeds as a line, ± std as a band, n in the legend; a failed cell is counted by "
                   "its outcome): " + "; ".join(f"{int(d):,} layers, {len(curves[d])} methods" for d in
                                               sorted(curves, key=int)) + "."]
+    if summary.get("no_curve"):
+        lines += ["", f"Cells without a per-step loss ({len(summary['no_curve'])}: restored from a summary that kept "
+                  "only their outcome and accuracy, or diverged at their first step): " + "; ".join(summary["no_curve"]) + "."]
     return "\n".join(lines)
 
 
@@ -239,7 +244,8 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
     curves = summary.get("curves", {})
     return [plot_depth(summary, LABELS, folder / "depth.png")] + [
         plot_learning_curves({LABELS.get(m, m): points for m, points in curves[d].items()},
-                             {"loss": f"training loss per step, {int(d):,} layers"}, folder / f"depth_loss_{d}.png")
+                             {"loss": "training loss"}, folder / f"depth_loss_{d}.png",
+                             title=f"Wide-ResNet-{int(d):,}, first epoch: n = completed seeds")
         for d in sorted(curves, key=int)]
 
 

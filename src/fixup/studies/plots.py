@@ -112,7 +112,7 @@ def plot_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], ylabel: str, 
 
 
 def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], panels: Mapping[str, str],
-                         path: Path) -> Path:
+                         path: Path, title: str | None = None) -> Path:
     """One panel per metric (``panels``: key -> axis label) against updates: the mean over seeds as a line, ± std
     as a band. ``curves[series]`` is a list of ``{"step": s, key: Cells dict, ...}`` (the translation study's).
     A point where some seeds failed or had no value keeps its n of planned in the data file and in the legend."""
@@ -135,6 +135,8 @@ def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], pane
             drawn["series"][name][key] = pts
     for ax in axes[0]:
         ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return _save(fig, path, drawn)
 
 
