@@ -90,6 +90,7 @@ class Cell:
     resnet18_width: int = 16      # "resnet18 (fixup-lab)" and the zoo's torchvision-layout ResNet-18
     threads: int = 1
     recipe: str = "sgd"           # of RECIPES: the optimiser, its weight decay and the rate's schedule
+    val_fraction: float = 0.0     # > 0: train on the rest of the training set, score on this held-out part (--lrs)
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -162,6 +163,18 @@ def digits_32() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     xtr, ytr, xte, yte = out
     mean, std = xtr.mean((0, 2, 3), keepdim=True), xtr.std((0, 2, 3), keepdim=True)
     return (xtr - mean) / std, ytr, (xte - mean) / std, yte
+
+
+def held_out(data: tuple[torch.Tensor, ...], fraction: float) -> tuple[torch.Tensor, ...]:
+    """The training set split for the rate search: ``fraction`` of each class held out (the first of a permutation
+    fixed by seed 0), as (train part, its labels, held-out part, its labels); the test set is not touched."""
+    xtr, ytr = data[0], data[1]
+    order = torch.randperm(len(ytr), generator=torch.Generator().manual_seed(0))
+    held = torch.zeros(len(ytr), dtype=torch.bool)
+    for c in ytr.unique():
+        members = order[ytr[order] == c]
+        held[members[:round(fraction * len(members))]] = True
+    return xtr[~held], ytr[~held], xtr[held], ytr[held]
 
 
 def _logits(out: object) -> torch.Tensor:
@@ -243,7 +256,8 @@ def run_cell(cell: Cell) -> dict[str, object]:
     """Train one cell; return its accuracy, whether it diverged, its final loss, its wall and CPU time."""
     start, cpu_start = time.time(), time.process_time()
     torch.set_num_threads(cell.threads)
-    xtr, ytr, xte, yte = digits_32()
+    data = digits_32() if not cell.val_fraction else held_out(digits_32(), cell.val_fraction)
+    xtr, ytr, xte, yte = data
     torch.manual_seed(cell.seed)
     model = build(cell)
     if cell.form == "adapted" and cell.model != OURS:
@@ -256,6 +270,16 @@ def run_cell(cell: Cell) -> dict[str, object]:
     return {**asdict(cell), "adapt_options": dict(cell.adapt_options), "acc": acc, "final_loss": loss_value,
             "diverged_at": diverged_at, "seconds": round(time.time() - start, 1),
             "cpu_seconds": round(time.process_time() - cpu_start, 1)}
+
+
+def chosen_rates(search: list[dict[str, object]]) -> dict[tuple[str, str], float]:
+    """Per (model, form), the rate of the search with the best mean held-out accuracy over the search's seeds (a
+    diverged run counts at its accuracy, chance; ties go to the smaller rate)."""
+    scores: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for r in search:
+        scores.setdefault((r["model"], r["form"]), {}).setdefault(r["lr"], []).append(r["acc"])
+    return {key: max(sorted(by_rate), key=lambda lr: statistics.fmean(by_rate[lr]))
+            for key, by_rate in scores.items()}
 
 
 def _one_thread_worker() -> None:
@@ -349,6 +373,34 @@ def signal_table(models: list[str], rules: list[str], vit_depth: int) -> tuple[l
     return rows, "\n".join(lines)
 
 
+def train_table(args: argparse.Namespace, options: tuple[tuple[str, object], ...], command: str
+                ) -> dict[str, object]:
+    """The training table: every (model, form, seed) at --lr, or at the rate its --lrs search chose."""
+    def cell(model: str, form: str, seed: int, lr: float, val_fraction: float = 0.0) -> Cell:
+        return Cell(model, form, seed, args.steps, lr, args.scalar_lr_mult, args.clip, args.clip_value, options,
+                    args.vit_depth, args.resnet18_width, args.threads, args.recipe, val_fraction)
+
+    models, start = sorted(args.models, key=_cost), time.time()
+    search: list[dict[str, object]] = []
+    rates = {(m, f): args.lr for m in models for f in args.forms}
+    if args.lrs:
+        search = run_cells([cell(m, f, s, lr, args.val_fraction) for m in models for f in args.forms
+                            for lr in args.lrs for s in args.search_seeds], args.jobs)
+        rates = chosen_rates(search)
+        for (m, f), lr in rates.items():
+            print(f"  {m} {f}: rate {lr:g} chosen on the held-out part", file=sys.stderr, flush=True)
+    cells = [cell(m, f, s, rates[(m, f)]) for m in models for f in args.forms for s in args.seeds]
+    runs = run_cells(cells, args.jobs)
+    rows, table = training_table(runs, args.models, args.forms, args.seeds)
+    for row in rows:
+        row["lr"] = rates[(row["model"], row["form"])]
+    print(table)
+    print(f"\n{len(cells)} runs (and {len(search)} in the search), {time.time() - start:.0f} s wall; command: "
+          f"{command}")
+    return {"runs": runs, "rows": rows, "markdown": table, "search": search,
+            "chosen_rates": [{"model": m, "form": f, "lr": lr} for (m, f), lr in rates.items()]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=("accounting", "training", "signal"), default=None)
@@ -365,6 +417,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="peak rate of the weights (scalars: fixup.param_groups); default the recipe's "
                         "(0.1 sgd, 1e-3 vit)")
+    p.add_argument("--lrs", nargs="+", type=float, default=None, metavar="LR",
+                   help="search these rates per (model, form) instead of one --lr: each trains on the training set "
+                        "less a held-out part (--val-fraction) with --search-seeds, the best mean held-out accuracy "
+                        "picks the rate, and --seeds then train at it on the whole training set (test accuracy)")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="with --lrs: of each class, held out")
+    p.add_argument("--search-seeds", nargs="+", type=int, default=[0], help="with --lrs: the search's seeds")
     p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
     p.add_argument("--clip", choices=CLIPS, default="norm",
                    help="before each step: clip the global gradient norm (norm, at 1), adaptive gradient clipping "
@@ -383,6 +441,10 @@ def main() -> None:
     for name in ("steps", "threads", "jobs", "vit_depth"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lrs and args.lr is not None:
+        p.error(f"--lr {args.lr:g} sets one rate and --lrs searches {args.lrs}: give one of them")
+    if not 0.0 < args.val_fraction < 1.0:
+        p.error(f"--val-fraction must lie strictly between 0 and 1 (e.g. 0.2), got {args.val_fraction}")
     torch.set_num_threads(args.threads)
     if args.only in (None, "training"):
         from adapt_zoo import ZOO
@@ -394,7 +456,9 @@ def main() -> None:
     recipe = RECIPES[args.recipe]
     args.lr = float(recipe["lr"]) if args.lr is None else args.lr
     out: dict[str, object] = {"settings": {
-        "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "scalar_lr_mult": args.scalar_lr_mult,
+        "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "lrs": args.lrs,
+        "val_fraction": args.val_fraction if args.lrs else None, "search_seeds": args.search_seeds if args.lrs else None,
+        "scalar_lr_mult": args.scalar_lr_mult,
         "recipe": {"name": args.recipe, **recipe, "lr": args.lr}, "image_size": 32, "clip": args.clip,
         "clip_value": args.clip_value,
         "adapt_options": dict(options), "vit_depth": args.vit_depth, "threads": args.threads, "jobs": args.jobs,
@@ -408,15 +472,7 @@ def main() -> None:
         rows, table = signal_table([m for m in args.models if m in TIMM], args.trunk_rules, args.vit_depth)
         out["signal"] = {"rows": rows, "markdown": table}
     if args.only in (None, "training"):
-        cells = [Cell(m, f, s, args.steps, args.lr, args.scalar_lr_mult, args.clip, args.clip_value, options,
-                      args.vit_depth, args.resnet18_width, args.threads, args.recipe)
-                 for m in sorted(args.models, key=_cost) for f in args.forms for s in args.seeds]
-        start = time.time()
-        runs = run_cells(cells, args.jobs)
-        rows, table = training_table(runs, args.models, args.forms, args.seeds)
-        print(table)
-        print(f"\n{len(cells)} runs, {time.time() - start:.0f} s wall; command: {out['settings']['command']}")
-        out["training"] = {"runs": runs, "rows": rows, "markdown": table}
+        out["training"] = train_table(args, options, out["settings"]["command"])
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 

@@ -1,0 +1,43 @@
+"""benchmarks/adapt_zoo.py's rate search: the held-out part it scores on and the rate it picks."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "tests"))
+    spec = importlib.util.spec_from_file_location("adapt_zoo_benchmark", ROOT / "benchmarks" / "adapt_zoo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_held_out_part_takes_the_fraction_of_every_class_and_leaves_the_test_set(bench) -> None:
+    y = torch.arange(10).repeat_interleave(torch.arange(10, 20))  # class c has 10 + c examples
+    x = torch.arange(len(y), dtype=torch.float).view(-1, 1)
+    xt, yt = torch.zeros(3, 1), torch.zeros(3, dtype=torch.long)
+    xa, ya, xb, yb = bench.held_out((x, y, xt, yt), 0.2)
+    assert len(ya) + len(yb) == len(y) and set(xa.flatten().tolist()).isdisjoint(xb.flatten().tolist())
+    for c in range(10):
+        assert int((yb == c).sum()) == round(0.2 * (10 + c))
+    again = bench.held_out((x, y, xt, yt), 0.2)
+    assert torch.equal(again[2], xb)  # the same split every time: the search's rates are comparable
+
+
+def test_the_rate_with_the_best_mean_held_out_accuracy_is_chosen_ties_to_the_smaller(bench) -> None:
+    rows = [{"model": "m", "form": "adapted", "lr": lr, "acc": acc}
+            for lr, acc in [(0.1, 0.8), (0.1, 0.9), (0.3, 0.85), (0.3, 0.85), (1.0, 0.1)]]
+    rows += [{"model": "m", "form": "normalised", "lr": lr, "acc": 0.9} for lr in (0.3, 0.1)]
+    assert bench.chosen_rates(rows) == {("m", "adapted"): 0.1, ("m", "normalised"): 0.1}
+    rows[0]["acc"] = 0.7
+    assert bench.chosen_rates(rows)[("m", "adapted")] == 0.3
