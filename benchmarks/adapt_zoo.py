@@ -457,7 +457,8 @@ def main() -> None:
     args.lr = float(recipe["lr"]) if args.lr is None else args.lr
     out: dict[str, object] = {"settings": {
         "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "lrs": args.lrs,
-        "val_fraction": args.val_fraction if args.lrs else None, "search_seeds": args.search_seeds if args.lrs else None,
+        "val_fraction": args.val_fraction if args.lrs else None,
+        "search_seeds": args.search_seeds if args.lrs else None,
         "scalar_lr_mult": args.scalar_lr_mult,
         "recipe": {"name": args.recipe, **recipe, "lr": args.lr}, "image_size": 32, "clip": args.clip,
         "clip_value": args.clip_value,

@@ -232,7 +232,8 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
                                               sorted(curves, key=int)) + "."]
     if summary.get("no_curve"):
         lines += ["", f"Cells without a per-step loss ({len(summary['no_curve'])}: restored from a summary that kept "
-                  "only their outcome and accuracy, or diverged at their first step): " + "; ".join(summary["no_curve"]) + "."]
+                  "only their outcome and accuracy, or diverged at their first step): "
+                  + "; ".join(summary["no_curve"]) + "."]
     return "\n".join(lines)
 
 
