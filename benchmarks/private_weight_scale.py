@@ -20,6 +20,13 @@ rate and everything else at the rate, to test whether those layers are what limi
 
     PYTHONPATH=src python benchmarks/private_weight_scale.py --runs fixup:0.5:0.2 fixup:1:0.1 fixup:0.5:0.4 \\
         fixup:0.2:0.5 --json benchmarks/results/private_weight_scale_ends.json
+
+``NORM:LR:K:B`` also bounds the zero-started convolutions: after every step each branch's last convolution whose RMS
+exceeds B times He's std is scaled back to it (a projection of the released weights: post-processing, which costs
+no privacy), so that the noise's walk cannot carry them past B while the rate stays high:
+
+    PYTHONPATH=src python benchmarks/private_weight_scale.py --runs fixup:0.5:1:0.5 fixup:0.5:1:1 fixup:0.3:1:0.5 \\
+        fixup:0.2:1:0.5 --json benchmarks/results/private_weight_scale_bound.json
 """
 
 from __future__ import annotations
@@ -88,31 +95,62 @@ def ends_at(mult: float) -> Iterator[None]:
         optim.config_groups = plain
 
 
-def probe(norm: str, lr: float, ends_mult: float = 1.0) -> dict[str, Any]:
+@contextlib.contextmanager
+def ends_bounded(bound: float | None) -> Iterator[None]:
+    """While open, every optimiser step is followed by scaling each branch's last convolution (in the ``_ends``
+    groups of :func:`ends_at`) back to an RMS of ``bound`` x He's std where it exceeds that; ``None``: no bound."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    @torch.no_grad()
+    def project(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            if not str(group.get("name", "")).endswith("_ends"):
+                continue
+            for p in group["params"]:
+                if p.dim() == 4:  # the groups hold no names here: the only convolutions in them are the conv2s
+                    cap = bound * math.sqrt(2.0 / p[0].numel())
+                    rms = float(p.pow(2).mean().sqrt())
+                    if rms > cap:
+                        p.mul_(cap / rms)
+
+    handle = register_optimizer_step_post_hook(project) if bound is not None else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def probe(norm: str, lr: float, ends_mult: float = 1.0, bound: float | None = None) -> dict[str, Any]:
     from fixup.train import TrainConfig, fit
 
-    with warnings.catch_warnings(), ends_at(ends_mult):
+    with warnings.catch_warnings(), ends_at(ends_mult), ends_bounded(bound):
         warnings.simplefilter("ignore")  # Opacus's hook warnings
         result = fit(TrainConfig.from_dict({**BASE, "norm": norm, "lr": lr}), progress=False)
-    return {"norm": norm, "lr": lr, "ends_lr_mult": ends_mult, "outcome": str(result.outcome),
+    return {"norm": norm, "lr": lr, "ends_lr_mult": ends_mult, "ends_rms_bound": bound, "outcome": str(result.outcome),
             "test_acc": result.final.get("test_acc"), **weight_scale(result.model)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", default=["fixup:0.2", "fixup:0.5", "groupnorm:0.5"], metavar="NORM:LR[:K]",
+    p.add_argument("--runs", nargs="+", default=["fixup:0.2", "fixup:0.5", "groupnorm:0.5"],
+                   metavar="NORM:LR[:K[:B]]",
                    help="the (norm, rate) pairs to train (default fixup:0.2 fixup:0.5 groupnorm:0.5); a third field K "
-                        "trains the zero-started layers (each branch's last convolution, the classifier) at K x lr")
+                        "trains the zero-started layers (each branch's last convolution, the classifier) at K x lr; a "
+                        "fourth B bounds each branch's last convolution's RMS to B x He's std after every step")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args()
     torch.set_num_threads(1)
     rows = []
     for spec in args.runs:
-        norm, lr, *mult = spec.split(":")
-        row = probe(norm, float(lr), float(mult[0]) if mult else 1.0)
+        norm, lr, *rest = spec.split(":")
+        mult = float(rest[0]) if rest else 1.0
+        bound = float(rest[1]) if len(rest) > 1 else None
+        row = probe(norm, float(lr), mult, bound)
         rows.append(row)
         s = row["last_conv_rms_over_he"]
-        ends = f" (zero-started layers at {mult[0]} x lr)" if mult else ""
+        ends = f" (zero-started layers at {mult:g} x lr)" if rest else ""
+        ends += f" (their RMS bounded to {bound:g} x He)" if bound is not None else ""
         print(f"{norm} lr {lr}{ends}: test accuracy {100 * row['test_acc']:.1f}%; branches' last convolution RMS / "
               f"He std {s['min']:.2f} to {s['max']:.2f} (median {s['median']:.2f}, n={s['n']}); classifier RMS "
               f"{row['classifier_rms']:.3f}", flush=True)
