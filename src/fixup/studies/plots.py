@@ -112,13 +112,14 @@ def plot_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], ylabel: str, 
 
 
 def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], panels: Mapping[str, str],
-                         path: Path, title: str | None = None) -> Path:
-    """One panel per metric (``panels``: key -> axis label) against updates: the mean over seeds as a line, ± std
-    as a band. ``curves[series]`` is a list of ``{"step": s, key: Cells dict, ...}`` (the translation study's).
+                         path: Path, title: str | None = None, xlabel: str = "updates") -> Path:
+    """One panel per metric (``panels``: key -> axis label) against ``xlabel`` (updates, or the epochs ``step``
+    counts): the mean over seeds as a line, ± std as a band. ``curves[series]`` is a list of
+    ``{"step": s, key: Cells dict, ...}`` (the translation study's).
     A point where some seeds failed or had no value keeps its n of planned in the data file and in the legend."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    drawn: dict[str, Any] = {"x": "updates", "panels": dict(panels), "series": {}}
+    drawn: dict[str, Any] = {"x": xlabel, "panels": dict(panels), "series": {}}
     for i, (name, points) in enumerate(curves.items()):
         drawn["series"][name] = {}
         for ax, (key, ylabel) in zip(axes[0], panels.items()):
@@ -130,7 +131,7 @@ def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], pane
             ax.plot(x, mean, color=f"C{i % 10}", marker="o", ms=2.5, label=f"{name} ({_n_label(pts)})")
             ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             color=f"C{i % 10}", alpha=0.2, lw=0)
-            ax.set_xlabel("updates")
+            ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{ylabel} (mean ± std over seeds)")
             drawn["series"][name][key] = pts
     for ax in axes[0]:
