@@ -298,6 +298,11 @@ COST_PLATEAU_CELL = 1.8e7
 # quick run; the 10,000-layer net keeps batch 32 too); a 10,000-layer cell is 13 minutes or more of one core, so
 # the whole tier is many CPU hours: the cells run cheapest first, the store resumes where a run stopped, and a
 # long cell resumes from its last minute (fixup.studies._common.SEGMENT_SECONDS).
+_DEEP_REGULARISATION_SCHEDULE = (
+    "16 epochs, the rate /10 at epochs 8 and 12: twice the epoch at which the training loss of Fixup (8) and BatchNorm "
+    "(6) flattened at the constant rate 0.1 (the first epoch within 1.5x its lowest + 0.01; ResNet-32, seed 0, "
+    "benchmarks/regularisation_schedule.py --depth 32).")
+
 _DEEP = dict(
     seeds=3,
     order="cheapest",
@@ -345,10 +350,7 @@ _DEEP = dict(
     regularisation=RegularisationGrid(model="resnet_cifar", depth=32, methods=("fixup", "batchnorm", "he"),
                                       batch_size=32, epochs=16, cutout=3, he_lr_search=(0.1, 0.03, 0.01),
                                       he_search_epochs=16, wrn_depth=10, wrn_width=2, wrn_epochs=16, seeds=5,
-                                      schedule_basis="16 epochs, the rate /10 at epochs 8 and 12: twice the epoch at "
-                                      "which the training loss of Fixup (8) and BatchNorm (6) flattened at the constant "
-                                      "rate 0.1 (the first epoch within 1.5x its lowest + 0.01; ResNet-32, seed 0, "
-                                      "benchmarks/regularisation_schedule.py --depth 32)."),
+                                      schedule_basis=_DEEP_REGULARISATION_SCHEDULE),
     # `fixup study batch --deep`: the batch-size study as issue 36 asks, n=3, 10 epochs at every batch size.
     batch=BatchGrid(),
 )
