@@ -58,6 +58,10 @@ from fixup.data.images import load_images  # noqa: E402
 
 TIMM = ("resnet18", "regnetx_002", "efficientnet_b0", "mobilenetv3_small_050", "convnext_atto",
         "vit_tiny_patch16_224")
+# More timm classes that --models takes (not in the default table): a pre-activation ResNet (normalisation before
+# each branch's first layer, on the stream side) and a hybrid whose attention blocks sit inside convolutional stages
+# (issue 38, item 1), each at its registered size.
+TIMM_MORE = ("resnetv2_18", "mobilevit_xxs")
 VIT_BLOCKS = 6  # of vit_tiny's 12: a 12-block cell costs about twice a 6-block one
 # The library's own ResNet-18 (torchvision's layout, built by fixup.create_model under Fixup or BatchNorm).
 OURS = "resnet18 (fixup-lab)"
@@ -109,7 +113,7 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 def build(cell: Cell) -> torch.nn.Module:
-    if cell.model in TIMM:
+    if cell.model in TIMM + TIMM_MORE:
         from adapt_zoo import import_timm
         extra = {"img_size": 32, "patch_size": 4, "depth": cell.vit_depth} if cell.model.startswith("vit") else {}
         return import_timm().create_model(cell.model, pretrained=False, num_classes=10, **extra)
@@ -407,7 +411,8 @@ def main() -> None:
     p.add_argument("--trunk-rules", nargs="+", default=["none", "fan_in", "lsuv"],
                    help="signal: the trunk rules of fixup.adapt to compare")
     p.add_argument("--models", nargs="+", default=list(TIMM),
-                   help=f"models to train: of {list(TIMM)} (timm), {OURS!r}, or names of tests/adapt_zoo.py's ZOO")
+                   help=f"models to train: of {list(TIMM + TIMM_MORE)} (timm), {OURS!r}, or names of "
+                        "tests/adapt_zoo.py's ZOO")
     p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds to run (n = how many)")
     p.add_argument("--steps", type=int, default=150)
@@ -448,9 +453,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.only in (None, "training"):
         from adapt_zoo import ZOO
-        unknown = [m for m in args.models if m not in TIMM and m != OURS and m not in ZOO]
+        unknown = [m for m in args.models if m not in TIMM + TIMM_MORE and m != OURS and m not in ZOO]
         if unknown:
-            p.error(f"--models: unknown {unknown}; use names of {list(TIMM)} (timm), {OURS!r} or of "
+            p.error(f"--models: unknown {unknown}; use names of {list(TIMM + TIMM_MORE)} (timm), {OURS!r} or of "
                     "tests/adapt_zoo.py's ZOO")
     options = tuple(args.adapt_option)
     recipe = RECIPES[args.recipe]
