@@ -12,6 +12,7 @@ alpha for the unnormalised network; we use BatchNorm's 0.2.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -241,84 +242,108 @@ def _limit(summary: dict[str, Any], epochs: int, paper_epochs: int, about: str,
 
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     g = grid.regularisation
-    paper_scale = grid.data == "cifar10" and g.depth >= 110 and g.epochs >= 200
-    planned = Cells(_seeds(grid))
-    rows = []
-    methods = set(g.methods)
-    proto = _protocol(grid, "fixup", "none")
-    if not {"fixup", "batchnorm", "he"} <= methods:
-        rows.append(not_run("cifar10_resnet110", "Fixup, BatchNorm or He not in the grid", proto.describe()))
+    ctx = _ClaimContext(summary, grid, Cells(_seeds(grid)), set(g.methods),
+                        paper_scale=grid.data == "cifar10" and g.depth >= 110 and g.epochs >= 200)
+    return [_claim_beats_he(ctx), _claim_fits(ctx), _claim_mixup(ctx), _claim_wrn(ctx)]
+
+
+@dataclass(frozen=True)
+class _ClaimContext:
+    """What every claim row reads: the study's summary, its grid, the cells planned for a method never run, the
+    methods in the grid and whether the setting is the paper's."""
+
+    summary: dict[str, Any]
+    grid: Grid
+    planned: Cells
+    methods: set[str]
+    paper_scale: bool
+
+    def cells(self, method: str, regulariser: str, key: str = "test_error") -> Cells:
+        return _cells(self.summary, method, regulariser, key) or self.planned
+
+
+def _claim_beats_he(ctx: _ClaimContext) -> ClaimRow:
+    proto = _protocol(ctx.grid, "fixup", "none")
+    if not {"fixup", "batchnorm", "he"} <= ctx.methods:
+        return not_run("cifar10_resnet110", "Fixup, BatchNorm or He not in the grid", proto.describe())
+    fx, bn, he = (ctx.cells(m, "none") for m in ("fixup", "batchnorm", "he"))
+    beats, behind = clearly_below(fx, he), not clearly_below(fx, bn)
+    paper_t = paper.CIFAR10_RESNET110
+    if not beats:  # the comparison that fails decides the effect tested
+        effect = scaled_effect(paper_t["none"].value - paper_t["fixup"].value, paper_t["fixup"].value, fx)
+        ci = ci_halfwidth(fx, he)
     else:
-        fx, bn, he = (_cells(summary, m, "none") or planned for m in ("fixup", "batchnorm", "he"))
-        beats, behind = clearly_below(fx, he), not clearly_below(fx, bn)
-        paper_t = paper.CIFAR10_RESNET110
-        if not beats:  # the comparison that fails decides the effect tested
-            effect = scaled_effect(paper_t["none"].value - paper_t["fixup"].value, paper_t["fixup"].value, fx)
-            ci = ci_halfwidth(fx, he)
-        else:
-            effect = scaled_effect(paper_t["fixup"].value - paper_t["batchnorm"].value, paper_t["fixup"].value, fx)
-            ci = ci_halfwidth(fx, bn)
-        j = judge({"Fixup": fx, "BatchNorm": bn, "He, no norm": he}, holds=beats and behind, paper_scale=paper_scale,
-                  effect=effect, ci=ci, must_succeed=("Fixup",))
-        he_lr = summary["he_search"]["chosen_lr"] if summary["he_search"] else "?"
-        rows.append(ClaimRow.judged(
-            "cifar10_resnet110", f"test error: BatchNorm {format_error(bn)}, He no norm (lr {he_lr}) "
-            f"{format_error(he)}, Fixup {format_error(fx)}; 95% interval of the tested difference "
-            f"{interval_text(ci, points)}",
-            proto, j,
-            "holds if Fixup's error is clearly below He-without-normalisation's and not clearly below BatchNorm's; "
-            "the paper's effects are 0.54 points (Xavier - Fixup) and 0.63 (Fixup - BatchNorm) at Fixup's 7.24% "
-            "error, tested as the same fractions of ours"))
-    if not {"fixup", "batchnorm"} <= methods:
-        rows.append(not_run("fixup_fits_training_set", "Fixup or BatchNorm not in the grid", proto.describe()))
-    else:
-        fx, bn = (_cells(summary, m, "none") or planned for m in ("fixup", "batchnorm"))
-        ftl, btl = (_cells(summary, m, "none", "train_loss") or planned for m in ("fixup", "batchnorm"))
-        fits, tests_worse = not clearly_above(ftl, btl), clearly_above(fx, bn)
-        j = judge({"Fixup": fx, "BatchNorm": bn}, holds=fits and tests_worse, paper_scale=paper_scale,
-                  ci=ci_halfwidth(fx, bn), contrary=clearly_above(ftl, btl), must_succeed=("Fixup",),
-                  limit=_limit(summary, g.epochs, 200, "the claim concerns networks trained to the end of a full "
-                                                       "schedule, where the training set is fitted"))
-        rows.append(ClaimRow.judged("fixup_fits_training_set",
-                                    f"final training loss Fixup {ftl.format(3)} vs BatchNorm {btl.format(3)}; "
-                                    f"test error {format_error(fx)} vs {format_error(bn)}", proto, j,
-                                    "holds if Fixup's training loss is not clearly above BatchNorm's while its test "
-                                    "error is clearly above"))
-    if "fixup" not in methods or "mixup" not in g.regularisers:
-        rows.append(not_run("mixup_closes_gap", "Fixup with and without Mixup not both in the grid",
-                            proto.describe()))
-    else:
-        fx, fxm = _cells(summary, "fixup", "none") or planned, _cells(summary, "fixup", "mixup") or planned
-        gap = paper.IMAGENET_RESNET50
-        j = judge({"Fixup": fx, "Fixup + Mixup": fxm}, holds=clearly_below(fxm, fx), paper_scale=paper_scale,
-                  effect=scaled_effect(gap["fixup"].value - gap["fixup+mixup"].value, gap["fixup"].value, fx),
-                  ci=ci_halfwidth(fxm, fx),
-                  must_succeed=("Fixup", "Fixup + Mixup"),
-                  limit=_limit(summary, g.epochs, 90, "a regulariser pays off once a network overfits, late in the "
-                                                      "paper's 90-200-epoch schedules", ("fixup",)))
-        rows.append(ClaimRow.judged("mixup_closes_gap", f"Fixup test error {format_error(fx)} -> with Mixup (alpha "
-                                    f"{MIXUP_ALPHA['fixup']}) {format_error(fxm)}; BatchNorm + Mixup "
-                                    f"{format_error(_cells(summary, 'batchnorm', 'mixup'))}",
-                                    _protocol(grid, "fixup", "mixup"), j,
-                                    "holds if Mixup clearly lowers Fixup's test error; the paper's effect is 3.6 "
-                                    "points at Fixup's 27.6% error (ImageNet ResNet-50), tested as the same fraction "
-                                    "(13%) of ours"))
-    wrn_proto = _protocol(grid, "fixup", "mixup+cutout", wrn=True)
-    fxr = Cells.from_dict(summary["wrn"]["fixup"]["test_error"]) if "fixup" in summary["wrn"] else planned
-    bnr = Cells.from_dict(summary["wrn"]["batchnorm"]["test_error"]) if "batchnorm" in summary["wrn"] else planned
+        effect = scaled_effect(paper_t["fixup"].value - paper_t["batchnorm"].value, paper_t["fixup"].value, fx)
+        ci = ci_halfwidth(fx, bn)
+    j = judge({"Fixup": fx, "BatchNorm": bn, "He, no norm": he}, holds=beats and behind,
+              paper_scale=ctx.paper_scale, effect=effect, ci=ci, must_succeed=("Fixup",))
+    he_lr = ctx.summary["he_search"]["chosen_lr"] if ctx.summary["he_search"] else "?"
+    return ClaimRow.judged(
+        "cifar10_resnet110", f"test error: BatchNorm {format_error(bn)}, He no norm (lr {he_lr}) "
+        f"{format_error(he)}, Fixup {format_error(fx)}; 95% interval of the tested difference "
+        f"{interval_text(ci, points)}",
+        proto, j,
+        "holds if Fixup's error is clearly below He-without-normalisation's and not clearly below BatchNorm's; "
+        "the paper's effects are 0.54 points (Xavier - Fixup) and 0.63 (Fixup - BatchNorm) at Fixup's 7.24% "
+        "error, tested as the same fractions of ours")
+
+
+def _claim_fits(ctx: _ClaimContext) -> ClaimRow:
+    proto = _protocol(ctx.grid, "fixup", "none")
+    if not {"fixup", "batchnorm"} <= ctx.methods:
+        return not_run("fixup_fits_training_set", "Fixup or BatchNorm not in the grid", proto.describe())
+    fx, bn = (ctx.cells(m, "none") for m in ("fixup", "batchnorm"))
+    ftl, btl = (ctx.cells(m, "none", "train_loss") for m in ("fixup", "batchnorm"))
+    fits, tests_worse = not clearly_above(ftl, btl), clearly_above(fx, bn)
+    j = judge({"Fixup": fx, "BatchNorm": bn}, holds=fits and tests_worse, paper_scale=ctx.paper_scale,
+              ci=ci_halfwidth(fx, bn), contrary=clearly_above(ftl, btl), must_succeed=("Fixup",),
+              limit=_limit(ctx.summary, ctx.grid.regularisation.epochs, 200,
+                           "the claim concerns networks trained to the end of a full schedule, where the "
+                           "training set is fitted"))
+    return ClaimRow.judged("fixup_fits_training_set",
+                           f"final training loss Fixup {ftl.format(3)} vs BatchNorm {btl.format(3)}; "
+                           f"test error {format_error(fx)} vs {format_error(bn)}", proto, j,
+                           "holds if Fixup's training loss is not clearly above BatchNorm's while its test "
+                           "error is clearly above")
+
+
+def _claim_mixup(ctx: _ClaimContext) -> ClaimRow:
+    if "fixup" not in ctx.methods or "mixup" not in ctx.grid.regularisation.regularisers:
+        return not_run("mixup_closes_gap", "Fixup with and without Mixup not both in the grid",
+                       _protocol(ctx.grid, "fixup", "none").describe())
+    fx, fxm = ctx.cells("fixup", "none"), ctx.cells("fixup", "mixup")
+    gap = paper.IMAGENET_RESNET50
+    j = judge({"Fixup": fx, "Fixup + Mixup": fxm}, holds=clearly_below(fxm, fx), paper_scale=ctx.paper_scale,
+              effect=scaled_effect(gap["fixup"].value - gap["fixup+mixup"].value, gap["fixup"].value, fx),
+              ci=ci_halfwidth(fxm, fx), must_succeed=("Fixup", "Fixup + Mixup"),
+              limit=_limit(ctx.summary, ctx.grid.regularisation.epochs, 90,
+                           "a regulariser pays off once a network overfits, late in the paper's 90-200-epoch "
+                           "schedules", ("fixup",)))
+    return ClaimRow.judged("mixup_closes_gap", f"Fixup test error {format_error(fx)} -> with Mixup (alpha "
+                           f"{MIXUP_ALPHA['fixup']}) {format_error(fxm)}; BatchNorm + Mixup "
+                           f"{format_error(_cells(ctx.summary, 'batchnorm', 'mixup'))}",
+                           _protocol(ctx.grid, "fixup", "mixup"), j,
+                           "holds if Mixup clearly lowers Fixup's test error; the paper's effect is 3.6 "
+                           "points at Fixup's 27.6% error (ImageNet ResNet-50), tested as the same fraction "
+                           "(13%) of ours")
+
+
+def _claim_wrn(ctx: _ClaimContext) -> ClaimRow:
+    summary, grid, g = ctx.summary, ctx.grid, ctx.grid.regularisation
+    wrn = summary["wrn"]
+    fxr = Cells.from_dict(wrn["fixup"]["test_error"]) if "fixup" in wrn else ctx.planned
+    bnr = Cells.from_dict(wrn["batchnorm"]["test_error"]) if "batchnorm" in wrn else ctx.planned
     ci = ci_halfwidth(fxr, bnr)
     diff = (fxr.stat.mean - bnr.stat.mean) if fxr.stat.mean is not None and bnr.stat.mean is not None else math.nan
     paper_wrn = grid.data == "cifar10" and g.wrn_depth >= 28 and g.wrn_width >= 10 and g.wrn_epochs >= 200
     j = judge({"Fixup": fxr, "BatchNorm": bnr}, holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE,
-              paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",),
-              limit=_wrn_limit(summary, grid))
-    rows.append(ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
-                                f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference "
-                                f"{difference_text(diff, ci, points)}",
-                                wrn_proto, j,
-                                f"holds if the 95% interval of Fixup's error minus BatchNorm's lies below "
-                                f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)"))
-    return rows
+              paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",), limit=_wrn_limit(summary, grid))
+    return ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
+                           f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference "
+                           f"{difference_text(diff, ci, points)}",
+                           _protocol(grid, "fixup", "mixup+cutout", wrn=True), j,
+                           f"holds if the 95% interval of Fixup's error minus BatchNorm's lies below "
+                           f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)")
 
 
 def _wrn_limit(summary: dict[str, Any], grid: Grid) -> str:
