@@ -1,5 +1,6 @@
 """A Hugging Face GPT-2 (tiny config) on a generated copy task, as written (LayerNorm) and adapted by
-``fixup.adapt(..., method=)`` ``fixup``, ``t_fixup`` and ``dyt``: the same model, data, steps and optimiser for all.
+``fixup.adapt(..., method=)`` ``fixup``, ``t_fixup`` and ``dyt`` (alpha0 0.5, and ``alpha0="fitted"``): the same model,
+data, steps and optimiser for all.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds 0 1 2
 
@@ -30,7 +31,10 @@ import fixup
 from _torchvision_shim import install as _install_torchvision_shim
 
 OUT = Path(__file__).parent / "results" / "adapt_t_fixup.json"
-FORMS = ("layernorm", "fixup", "t_fixup", "dyt")
+# Each adapted form: fixup.adapt's options (layernorm is GPT-2 as written).
+FORM_OPTIONS = {"fixup": {"method": "fixup"}, "t_fixup": {"method": "t_fixup"}, "dyt": {"method": "dyt"},
+                "dyt_fitted": {"method": "dyt", "alpha0": "fitted"}}
+FORMS = ("layernorm", *FORM_OPTIONS)
 K, SYMBOLS, SEP = 8, 16, 1  # copied tokens, their alphabet (ids 2..17), the separator's id
 VOCAB = SYMBOLS + 2
 
@@ -57,7 +61,7 @@ def form_model(form: str, seed: int) -> nn.Module:
         return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fixup.FixupWarning)  # Fixup unties lm_head from wte, and says so
-        adapted, _ = fixup.adapt(model, batch(2, torch.Generator().manual_seed(seed)), method=form,
+        adapted, _ = fixup.adapt(model, batch(2, torch.Generator().manual_seed(seed)), **FORM_OPTIONS[form],
                                  generator=torch.Generator().manual_seed(seed))
     return adapted
 
@@ -94,6 +98,17 @@ def run(form: str, seed: int, steps: int, lr: float) -> dict[str, object]:
             "seconds": round(time.time() - start, 1)}
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command that reruns these runs."""
+    text = "OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds " + " ".join(
+        map(str, args.seeds))
+    if tuple(args.forms) != FORMS:
+        text += " --forms " + " ".join(args.forms)
+    if args.out != OUT:
+        text += f" --out {args.out.relative_to(Path.cwd()) if args.out.is_relative_to(Path.cwd()) else args.out}"
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=1000)
@@ -114,8 +129,7 @@ def main() -> None:
     config = {"model": "GPT2LMHeadModel (4 layers, width 64, 4 heads, dropout 0)", "task": f"copy {K} of {SYMBOLS}",
               "steps": args.steps, "batch": 64, "optimiser": "Adam over fixup.param_groups", "lr": args.lr,
               "schedule": "constant, no warm-up", "clip": 1.0, "seeds": args.seeds, "threads": 1,
-              "command": "OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds "
-                         + " ".join(map(str, args.seeds))}
+              "command": command(args)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": config, "summary": summary, "runs": runs}, indent=1) + "\n")
     for form, s in summary.items():

@@ -188,6 +188,62 @@ def test_adapt_puts_a_dyt_in_each_layernorm_s_place_keeping_its_affine_and_every
     assert report.private.startswith("ready for private training")
 
 
+def test_adapt_dyt_starts_alpha_where_asked_or_fitted_to_each_layernorm() -> None:
+    model, x = _Tokens(), torch.randn(64, 5, 8)
+    with torch.no_grad():  # the first norm's inputs small, as GPT-2's at its 0.02 draws
+        model.embed.weight.normal_(0.0, 0.01)
+        model.embed.bias.zero_()
+    adapted, report = fixup.adapt(model, x, method="dyt", alpha0=16)
+    assert report.alpha == 16.0 and {r.alpha for r in report.replaced} == {16.0}
+    assert all(m.alpha.item() == 16.0 for m in adapted.modules() if isinstance(m, DyT))
+    fitted, report = fixup.adapt(model, x, method="dyt", alpha0="fitted")
+    assert report.alpha == "fitted" and "alpha fitted per norm" in str(report)
+    inputs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str):
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            inputs.setdefault(name, args[0].detach())
+        return hook
+
+    hooks = [model.get_submodule(r.name).register_forward_hook(keep(r.name)) for r in report.replaced]
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    for r in report.replaced:
+        norm, dyt, xin = model.get_submodule(r.name), fitted.get_submodule(r.name), inputs[r.name]
+        assert dyt.alpha.item() == pytest.approx(r.alpha) and r.input_rms == pytest.approx(xin.pow(2).mean().sqrt())
+        target = norm(xin)
+
+        def err(alpha: float, dyt=dyt, xin=xin, target=target) -> float:
+            with torch.no_grad():
+                dyt.alpha.fill_(alpha)
+                return float((dyt(xin) - target).pow(2).mean())
+
+        best = err(r.alpha)
+        assert best <= min(err(r.alpha * 0.9), err(r.alpha * 1.1), err(DYT_ALPHA))  # a minimum, below 0.5's
+        assert best < err(DYT_ALPHA)
+    first = report.replaced[0]
+    assert first.name == "blocks.0.norm" and first.input_rms < 0.05 and first.alpha > 10  # alpha x at LN's scale
+
+
+def test_adapt_dyt_refuses_an_alpha0_it_cannot_use() -> None:
+    for bad in (0, -1.0, float("inf"), "fit", True):
+        with pytest.raises(ValueError, match="alpha0 must be a positive finite number"):
+            fixup.adapt(_Tokens(), torch.randn(2, 5, 8), method="dyt", alpha0=bad)
+    with pytest.raises(ValueError, match="method='fixup' puts none"):
+        fixup.adapt(_Tokens(), torch.randn(2, 5, 8), alpha0=2.0)
+    with pytest.raises(ValueError, match="its one option is alpha0="):
+        fixup.adapt(_Tokens(), torch.randn(2, 5, 8), method="dyt", alpha0=2.0, mode="fan_in")
+    zeros = _Tokens()
+    with torch.no_grad():
+        zeros.embed.weight.zero_()
+        zeros.embed.bias.zero_()
+    with pytest.raises(fixup.AdaptError, match="has RMS 0, which fits no alpha"):
+        fixup.adapt(zeros, torch.randn(2, 5, 8), method="dyt", alpha0="fitted")
+
+
 def test_the_lab_measures_the_stream_of_a_dyt_adapted_model_at_the_same_blocks() -> None:
     from fixup.lab.signal import compare_signal
 

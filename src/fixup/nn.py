@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .method import DYT_ALPHA
 
 __all__ = ["DYT_ALPHA", "RELU_GAMMA", "Bias", "DyT", "Gate", "InplaceReLU", "Scale", "ScaledReLU", "ScaledStdConv2d",
-           "check_residual_shapes", "inplace_safe", "residual_add"]
+           "check_residual_shapes", "fit_dyt_alpha", "inplace_safe", "residual_add"]
 
 # Brock, De & Smith (2021), section 4: the gain that gives ReLU's output unit variance on a unit Gaussian input,
 # 1 / sqrt(Var(relu(z))) = 1 / sqrt((1 - 1/pi) / 2).
@@ -198,3 +198,28 @@ class DyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, dim={self.dim}, alpha0={self.alpha0:g}"
+
+
+_DYT_ALPHAS = torch.logspace(-4, 2, 121, dtype=torch.float64)  # fit_dyt_alpha's search grid, then refined
+
+
+@torch.no_grad()
+def fit_dyt_alpha(x: Tensor, y: Tensor, gamma: Tensor, beta: Tensor) -> float:
+    """The alpha minimising the mean of ``(gamma * tanh(alpha * x) + beta - y) ** 2``: the :class:`DyT` closest to a
+    norm whose output on inputs ``x`` is ``y`` (rows are samples, columns channels; ``gamma``, ``beta`` per channel).
+    A log grid over [1e-4, 100], then golden-section search between the best point's neighbours."""
+    def loss(alpha: float) -> float:
+        return float((torch.tanh(alpha * x) * gamma + beta - y).pow(2).mean())
+
+    losses = [loss(float(a)) for a in _DYT_ALPHAS]
+    i = min(range(len(losses)), key=losses.__getitem__)
+    last = len(_DYT_ALPHAS) - 1
+    lo, hi = math.log(float(_DYT_ALPHAS[max(i - 1, 0)])), math.log(float(_DYT_ALPHAS[min(i + 1, last)]))
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if loss(math.exp(a)) < loss(math.exp(b)):
+            hi = b
+        else:
+            lo = a
+    return math.exp((lo + hi) / 2)

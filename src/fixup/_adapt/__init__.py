@@ -147,7 +147,10 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     With ``method="dyt"`` (Dynamic Tanh, Zhu et al. 2025) the copy has a :class:`fixup.nn.DyT` in place of every
     LayerNorm (and ``nn.RMSNorm``), alpha from 0.5, gamma and beta the norm's own affine, and nothing else changed;
     a model with BatchNorm and no LayerNorm is refused (DyT does not replace BatchNorm: measured, docs/methods.md).
-    It takes ``strict``, ``state_dict`` and ``private``; the report is a :class:`DyTAdaptReport`.
+    It takes ``strict``, ``state_dict``, ``private`` and ``alpha0``: the starting alpha, a positive number (0.5
+    when not given, the authors' default) or ``"fitted"``, each DyT's alpha fitted to its LayerNorm's output on
+    the example input (for models whose norms see small inputs, such as GPT-2's at its 0.02 draws:
+    docs/methods.md); the report is a :class:`DyTAdaptReport`.
 
     Args:
         model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
@@ -245,7 +248,8 @@ def _transformer_form(model: nn.Module, args: tuple[Tensor, ...], chosen: Chosen
     recorded copy, drawn, scaled and without LayerNorm, which declares its method (``model.adapted_method``: its
     recipe has no warm-up, ``Method.warmup``) for the engine and fixup.param_groups."""
     if chosen.method.adapt == "dyt":
-        copied, dyt_report = adapt_dyt(model, args, chosen.method, strict=strict, state_dict=state_dict)
+        copied, dyt_report = adapt_dyt(model, args, chosen.method, strict=strict, state_dict=state_dict,
+                                       fitted="alpha0" in chosen.init_kwargs)
         dyt_report.private = _private_readiness(copied, args, private)
         return copied, dyt_report
     refuse_other_norms(model)  # a convolutional network: before it runs

@@ -7,6 +7,11 @@ dimension, such as timm's channels-first ``LayerNorm2d``, and ``nn.RMSNorm``), a
 gamma and beta the norm's own affine where it has one (a freshly built model's ones and zeros), else 1 and 0.
 Which dimension a subclass normalises is read from its output on the example input, never from its name.
 
+alpha0 is one number for every norm, or ``"fitted"``: each DyT starts at the alpha that brings it closest to its
+LayerNorm's output on the example input (:func:`fixup.nn.fit_dyt_alpha`, the fit ``fixup.convert`` makes for a
+trained norm). A norm whose inputs are small (GPT-2's at its 0.02 draws: about 0.02 RMS) sends ``tanh(0.5 x)``, and
+with it the signal, to about 1% of a LayerNorm's output; the fitted alpha gives it the LayerNorm's scale.
+
 Their Limitations report that DyT does not replace BatchNorm (ResNet-50 and VGG19 on ImageNet lose accuracy), and so
 did our measurement (:data:`BATCHNORM_MEASURED`): a model with BatchNorm and no LayerNorm is refused; one with both
 has its LayerNorms replaced and keeps its BatchNorm, with a :class:`fixup.FixupWarning`.
@@ -15,6 +20,7 @@ has its LayerNorms replaced and keeps its BatchNorm, with a :class:`fixup.FixupW
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -25,10 +31,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..method import Method
-from ..nn import DyT
+from ..nn import DyT, fit_dyt_alpha
 from ..report import FixupWarning
 from . import _vocab as V
 from ._graph import AdaptError
+from ._options import DYT_FITTED
 from ._report import closing_lines
 from ._weights import WeightsLoaded, load_original
 
@@ -51,6 +58,8 @@ class DyTRecord:
     dim: int
     gamma: str  # "copied" (the norm's weight) or "ones" (it had none)
     beta: str  # "copied" (the norm's bias) or "zeros" (it had none)
+    alpha: float = 0.0  # the DyT's starting alpha
+    input_rms: float | None = None  # with alpha0="fitted": the RMS of the norm's input on the example input
 
 
 @dataclass
@@ -58,7 +67,7 @@ class DyTAdaptReport:
     """What ``fixup.adapt(..., method="dyt")`` did: every norm it replaced by a DyT, and what it left."""
 
     method: str
-    alpha: float
+    alpha: float | str  # alpha0: one number for every norm, or "fitted" (each record holds its own)
     replaced: list[DyTRecord] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # normalisation layers left in place, each with its type
     warnings: list[str] = field(default_factory=list)
@@ -70,10 +79,14 @@ class DyTAdaptReport:
         return asdict(self)
 
     def __str__(self) -> str:
+        start = (f"alpha from {self.alpha:g}" if isinstance(self.alpha, float) else
+                 "alpha fitted per norm to its LayerNorm's output on the example input")
         lines = [f"Adapt report: method {self.method}, {len(self.replaced)} norm(s) replaced by DyT (gamma * "
-                 f"tanh(alpha x) + beta, alpha from {self.alpha:g}; Zhu et al. 2025), nothing else changed"]
-        lines += [f"  {r.name}: {r.type}({r.channels}) -> DyT over dim {r.dim}, gamma {r.gamma}, beta {r.beta}"
-                  for r in self.replaced]
+                 f"tanh(alpha x) + beta, {start}; Zhu et al. 2025), nothing else changed"]
+        for r in self.replaced:
+            fitted = "" if r.input_rms is None else f", alpha {r.alpha:.3g} (its input's RMS {r.input_rms:.3g})"
+            lines.append(f"  {r.name}: {r.type}({r.channels}) -> DyT over dim {r.dim}, gamma {r.gamma}, beta "
+                         f"{r.beta}{fitted}")
         if self.kept:
             lines.append(f"normalisation kept: {', '.join(self.kept)}")
         return "\n".join([*lines, *closing_lines(self)])
@@ -154,11 +167,28 @@ def _paths(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return [(parent, attr, child) for parent in model.modules() for attr, child in parent.named_children()]
 
 
+def _fitted_alpha(mod: nn.Module, dim: int, call: tuple[Tensor, Tensor] | None) -> tuple[float, float] | str:
+    """(alpha, the input's RMS) of the DyT closest to norm ``mod`` on its first call, or why it cannot be fitted."""
+    if call is None:
+        return ("it is not called on the example input, so its alpha cannot be fitted; give an input that reaches "
+                "it, or a number as alpha0")
+    x, y = (t.double().movedim(dim, -1).reshape(-1, t.shape[dim]) for t in call)
+    rms = float(x.pow(2).mean().sqrt())
+    if not (math.isfinite(rms) and rms > 0):
+        return f"its input on the example input has RMS {rms:g}, which fits no alpha; give a number as alpha0"
+    channels = x.shape[1]
+    weight, bias = getattr(mod, "weight", None), getattr(mod, "bias", None)
+    gamma = weight.detach().double() if isinstance(weight, Tensor) else torch.ones(channels, dtype=torch.float64)
+    beta = bias.detach().double() if isinstance(bias, Tensor) else torch.zeros(channels, dtype=torch.float64)
+    return fit_dyt_alpha(x, y, gamma, beta), rms
+
+
 def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, strict: bool = True,
-              state_dict: Mapping[str, Tensor] | None = None) -> tuple[nn.Module, DyTAdaptReport]:
+              state_dict: Mapping[str, Tensor] | None = None, fitted: bool = False) -> tuple[nn.Module, DyTAdaptReport]:
     """A copy of ``model`` with a DyT in place of every LayerNorm (and ``nn.RMSNorm``), and its report; see the
     module's docstring. ``strict``: a norm that cannot be replaced is an :class:`AdaptError` (else a warning, and
-    the norm stays)."""
+    the norm stays). ``fitted``: each DyT's alpha fitted to its norm's output on ``args`` (else
+    ``method.dyt_alpha``)."""
     name = type(model).__name__
     source = copy.deepcopy(model)
     swapped = V.slow_path_(source)  # PyTorch's fused Transformer path reads the norms' eps and weight directly
@@ -176,8 +206,9 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         raise AdaptError(f"adapt(method='dyt') replaces LayerNorms (and nn.RMSNorm), and {name} has none; DyT is "
                          "a Transformer's norm. For a residual network without them use method='fixup', 'skipinit' "
                          "or 'rezero'")
-    calls = _first_calls(source, args, [m for m in norms if type(m) not in (nn.LayerNorm, _RMSNORM)])
-    report = DyTAdaptReport(method.name, method.dyt_alpha)
+    calls = _first_calls(source, args, norms if fitted else [m for m in norms if type(m) not in (nn.LayerNorm,
+                                                                                                 _RMSNORM)])
+    report = DyTAdaptReport(method.name, DYT_FITTED if fitted else method.dyt_alpha)
     new: dict[int, DyT] = {}
     problems: list[str] = []
     for mod in norms:
@@ -185,9 +216,16 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         if isinstance(dim, str):
             problems.append(f"{names[id(mod)]} ({type(mod).__name__}): {dim}")
             continue
-        new[id(mod)], gamma, beta = _replacement(mod, dim, method.dyt_alpha)
+        alpha, rms = method.dyt_alpha, None
+        if fitted:
+            fit = _fitted_alpha(mod, dim, calls.get(id(mod)))
+            if isinstance(fit, str):
+                problems.append(f"{names[id(mod)]} ({type(mod).__name__}): {fit}")
+                continue
+            alpha, rms = fit
+        new[id(mod)], gamma, beta = _replacement(mod, dim, alpha)
         report.replaced.append(DyTRecord(names[id(mod)], type(mod).__name__, int(mod.normalized_shape[0]), dim,
-                                         gamma, beta))
+                                         gamma, beta, alpha, rms))
     if problems and strict:
         raise AdaptError(f"adapt(method='dyt') cannot replace every LayerNorm of {name}:\n  - "
                          + "\n  - ".join(problems)

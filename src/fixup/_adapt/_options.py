@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..init.fans import BASE_INITS, FAN_MODES
 from ..method import ADAPT_METHODS, Method, as_method
 from ._trunk import TRUNK_RULES
 
-__all__ = ["INIT_OPTIONS", "Chosen", "adapted_method", "check_options"]
+__all__ = ["DYT_FITTED", "INIT_OPTIONS", "Chosen", "adapted_method", "check_options"]
 
 # The fixup_init_ keywords adapt passes on (its own strict, generator and method are adapt's), with what each sets.
 INIT_OPTIONS = {
@@ -31,6 +32,8 @@ INIT_OPTIONS = {
     "expect_biases": "whether a branch without Fixup's scalar biases (rule 3) is a warning",
     "expect_scale": "whether a branch without Fixup's scalar multiplier (rule 3) is a warning",
 }
+# alpha0="fitted": each DyT's alpha fitted to its LayerNorm's output on the example input (method="dyt" only).
+DYT_FITTED = "fitted"
 # What a gated method drawn from a standard base (Method.draw == "standard") takes of them.
 _STANDARD_DRAW = ("mode", "base", "stem_mode")
 
@@ -73,6 +76,9 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
         raise ValueError(f"trunk must be one of {TRUNK_RULES}, got {trunk!r}")
     chosen = adapted_method(method)
     given = {k: v for k, v in {**options, "mode": mode}.items() if v is not None}  # None: not given
+    alpha0 = given.pop("alpha0", None)
+    if alpha0 is not None:
+        return _check_dyt_alpha(chosen, alpha0, trunk, gate_biases, given)
     for key in given:
         _check_known(key)
     for key in ("mode", "stem_mode"):
@@ -116,8 +122,9 @@ def _check_fixed(chosen: Method, trunk: str, gate_biases: bool, given: dict[str,
     head = f"method={chosen.name!r} {_FIXED[chosen.adapt]}"
     if given:
         key = next(iter(given))
-        raise ValueError(f"{key}= sets {INIT_OPTIONS[key]}, which does not apply: {head}. Leave {key} out, or use "
-                         "method='fixup'")
+        own = " (its one option is alpha0=, DyT's starting alpha)" if chosen.adapt == "dyt" else ""
+        raise ValueError(f"{key}= sets {INIT_OPTIONS[key]}, which does not apply: {head}{own}. Leave {key} out, or "
+                         "use method='fixup'")
     if trunk != TRUNK_RULES[0]:
         raise ValueError(f"trunk={trunk!r} sets the rule for the weight layers outside the branches, which does not "
                          f"apply: {head}. Leave trunk out")
@@ -125,6 +132,22 @@ def _check_fixed(chosen: Method, trunk: str, gate_biases: bool, given: dict[str,
         raise ValueError(f"gate_biases=True applies to the gated methods (method='skipinit' or 'rezero'): {head}. "
                          "Leave gate_biases out")
     return Chosen(chosen, {})
+
+
+def _check_dyt_alpha(chosen: Method, alpha0: Any, trunk: str, gate_biases: bool, given: dict[str, Any]) -> Chosen:
+    """``alpha0``: DyT's starting alpha, a positive number (the method's field ``dyt_alpha``) or ``"fitted"``."""
+    if chosen.adapt != "dyt":
+        raise ValueError(f"alpha0= sets the starting alpha of the DyT that method='dyt' puts in each LayerNorm's "
+                         f"place; method={chosen.name!r} puts none. Leave alpha0 out, or use method='dyt'")
+    number = isinstance(alpha0, (int, float)) and not isinstance(alpha0, bool)
+    if alpha0 != DYT_FITTED and not (number and math.isfinite(alpha0) and alpha0 > 0):
+        raise ValueError(f"alpha0 must be a positive finite number (the DyT authors' default is 0.5) or "
+                         f"{DYT_FITTED!r} (each DyT's alpha fitted to its LayerNorm's output on the example "
+                         f"input), got {alpha0!r}")
+    base = _check_fixed(chosen, trunk, gate_biases, given)
+    if alpha0 == DYT_FITTED:
+        return Chosen(base.method, {"alpha0": DYT_FITTED})
+    return Chosen(dataclasses.replace(base.method, dyt_alpha=float(alpha0)), {})
 
 
 def _check_known(key: str) -> None:
@@ -135,8 +158,9 @@ def _check_known(key: str) -> None:
                          "is fixup.param_groups' choice (its stream_budget=True, the default, gives them one "
                          "scalar's rate together; stream_budget=False the scalars' rate each, as the paper); leave "
                          "stream_bias out")
-    close = difflib.get_close_matches(key, [*INIT_OPTIONS, "strict", "untie_weights", "state_dict", "generator",
-                                            "trunk", "method", "gate_biases", "leaf_modules", "private"], n=1)
+    close = difflib.get_close_matches(key, [*INIT_OPTIONS, "alpha0", "strict", "untie_weights", "state_dict",
+                                            "generator", "trunk", "method", "gate_biases", "leaf_modules", "private"],
+                                      n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"fixup.adapt has no option {key!r}{hint}; the initialiser's options it passes on are "
                      f"{', '.join(INIT_OPTIONS)} (see help(fixup.adapt))")

@@ -15,7 +15,6 @@ whose own forward does more than permute its input before the normalisation (and
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -23,12 +22,12 @@ from torch import Tensor, fx, nn
 
 from .._adapt import _vocab as V
 from .._adapt._record import is_plain_norm
+from ..nn import fit_dyt_alpha
 from ._layers import ChannelAffine, DynamicTanh
 
 __all__ = ["PER_EXAMPLE_OPTIONS", "fit", "layout", "unfitted"]
 
 PER_EXAMPLE_OPTIONS = ("refuse", "affine", "dyt")
-_ALPHAS = torch.logspace(-4, 2, 121, dtype=torch.float64)  # the search grid for DyT's alpha, then refined
 
 
 def _permuted_dim(node: fx.Node, path: str) -> int | None:
@@ -79,24 +78,6 @@ def _fit_affine(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return a, my - a * mx
 
 
-def _fit_alpha(x: Tensor, y: Tensor, gamma: Tensor, beta: Tensor) -> float:
-    """The alpha minimising ||gamma tanh(alpha x) + beta - y||^2: a log grid, then golden-section search."""
-    def loss(alpha: float) -> float:
-        return float((torch.tanh(alpha * x) * gamma + beta - y).pow(2).mean())
-
-    losses = [loss(float(a)) for a in _ALPHAS]
-    i = min(range(len(losses)), key=losses.__getitem__)
-    lo, hi = math.log(float(_ALPHAS[max(i - 1, 0)])), math.log(float(_ALPHAS[min(i + 1, len(_ALPHAS) - 1)]))
-    g = (math.sqrt(5) - 1) / 2
-    for _ in range(40):
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        if loss(math.exp(a)) < loss(math.exp(b)):
-            hi = b
-        else:
-            lo = a
-    return math.exp((lo + hi) / 2)
-
-
 @torch.no_grad()
 def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: int,
         targets: list[Tensor] | None = None) -> tuple[nn.Module, float]:
@@ -116,7 +97,7 @@ def fit(mod: nn.Module, option: str, inputs: list[Tensor], channels: int, dim: i
     elif option == "dyt":
         gamma = mod.weight.double() if getattr(mod, "weight", None) is not None else torch.ones(channels).double()
         beta = mod.bias.double() if getattr(mod, "bias", None) is not None else torch.zeros(channels).double()
-        new = DynamicTanh(channels, dim, _fit_alpha(x, y, gamma, beta))
+        new = DynamicTanh(channels, dim, fit_dyt_alpha(x, y, gamma, beta))
         new.weight.copy_(gamma)
         new.bias.copy_(beta)
     else:
