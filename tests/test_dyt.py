@@ -193,11 +193,19 @@ def test_adapt_dyt_starts_alpha_where_asked_or_fitted_to_each_layernorm() -> Non
     with torch.no_grad():  # the first norm's inputs small, as GPT-2's at its 0.02 draws
         model.embed.weight.normal_(0.0, 0.01)
         model.embed.bias.zero_()
-    adapted, report = fixup.adapt(model, x, method="dyt", alpha0=16)
+    with pytest.warns(fixup.FixupWarning, match=r"1 of 3 norms see inputs so small .*\(smallest: blocks.0.norm"):
+        fixup.adapt(model, x, method="dyt")  # at 0.5: tanh(alpha x) passes about 1% of a LayerNorm's scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fixup.FixupWarning)  # neither 16 nor a fitted alpha warns
+        adapted, report = fixup.adapt(model, x, method="dyt", alpha0=16)
+        fitted, fitted_report = fixup.adapt(model, x, method="dyt", alpha0="fitted")
     assert report.alpha == 16.0 and {r.alpha for r in report.replaced} == {16.0}
     assert all(m.alpha.item() == 16.0 for m in adapted.modules() if isinstance(m, DyT))
-    fitted, report = fixup.adapt(model, x, method="dyt", alpha0="fitted")
+    report = fitted_report
     assert report.alpha == "fitted" and "alpha fitted per norm" in str(report)
+    first = report.replaced[0]
+    assert (f"blocks.0.norm: LayerNorm(16) -> DyT over dim -1, gamma copied, beta copied, alpha {first.alpha:.3g}, "
+            f"its input's RMS {first.input_rms:.3g}") in str(report)
     inputs: dict[str, torch.Tensor] = {}
 
     def keep(name: str):
@@ -224,7 +232,6 @@ def test_adapt_dyt_starts_alpha_where_asked_or_fitted_to_each_layernorm() -> Non
         best = err(r.alpha)
         assert best <= min(err(r.alpha * 0.9), err(r.alpha * 1.1), err(DYT_ALPHA))  # a minimum, below 0.5's
         assert best < err(DYT_ALPHA)
-    first = report.replaced[0]
     assert first.name == "blocks.0.norm" and first.input_rms < 0.05 and first.alpha > 10  # alpha x at LN's scale
 
 

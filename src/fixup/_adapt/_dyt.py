@@ -59,7 +59,7 @@ class DyTRecord:
     gamma: str  # "copied" (the norm's weight) or "ones" (it had none)
     beta: str  # "copied" (the norm's bias) or "zeros" (it had none)
     alpha: float = 0.0  # the DyT's starting alpha
-    input_rms: float | None = None  # with alpha0="fitted": the RMS of the norm's input on the example input
+    input_rms: float | None = None  # the RMS of the norm's input on the example input (None: not reached)
 
 
 @dataclass
@@ -84,9 +84,10 @@ class DyTAdaptReport:
         lines = [f"Adapt report: method {self.method}, {len(self.replaced)} norm(s) replaced by DyT (gamma * "
                  f"tanh(alpha x) + beta, {start}; Zhu et al. 2025), nothing else changed"]
         for r in self.replaced:
-            fitted = "" if r.input_rms is None else f", alpha {r.alpha:.3g} (its input's RMS {r.input_rms:.3g})"
+            extra = f", alpha {r.alpha:.3g}" if isinstance(self.alpha, str) else ""
+            extra += "" if r.input_rms is None else f", its input's RMS {r.input_rms:.3g}"
             lines.append(f"  {r.name}: {r.type}({r.channels}) -> DyT over dim {r.dim}, gamma {r.gamma}, beta "
-                         f"{r.beta}{fitted}")
+                         f"{r.beta}{extra}")
         if self.kept:
             lines.append(f"normalisation kept: {', '.join(self.kept)}")
         return "\n".join([*lines, *closing_lines(self)])
@@ -183,6 +184,27 @@ def _fitted_alpha(mod: nn.Module, dim: int, call: tuple[Tensor, Tensor] | None) 
     return fit_dyt_alpha(x, y, gamma, beta), rms
 
 
+def _input_rms(call: tuple[Tensor, Tensor] | None) -> float | None:
+    return None if call is None else float(call[0].double().pow(2).mean().sqrt())
+
+
+# alpha0 times a norm's input RMS below this: tanh(alpha x) passes at most about a tenth of a LayerNorm's unit scale.
+SMALL_SIGNAL = 0.1
+
+
+def _small_inputs(records: list[DyTRecord]) -> list[str]:
+    """A warning where alpha0 times a norm's input RMS on the example input is below :data:`SMALL_SIGNAL`."""
+    small = [r for r in records if r.input_rms is not None and r.alpha * r.input_rms < SMALL_SIGNAL]
+    if not small:
+        return []
+    low = min(small, key=lambda r: r.input_rms or 0.0)
+    return [f"{len(small)} of {len(records)} norms see inputs so small that alpha0 {low.alpha:g} times their RMS is "
+            f"below {SMALL_SIGNAL:g} (smallest: {low.name}, RMS {low.input_rms:.3g}): there tanh(alpha x) passes "
+            f"about {low.alpha * low.input_rms:.2g} of the unit scale a LayerNorm gives, and the signal fades (GPT-2's "
+            "copy task stayed at chance so, docs/methods.md); pass alpha0='fitted' to start each alpha where the DyT "
+            "matches its LayerNorm on the example input"]
+
+
 def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, strict: bool = True,
               state_dict: Mapping[str, Tensor] | None = None, fitted: bool = False) -> tuple[nn.Module, DyTAdaptReport]:
     """A copy of ``model`` with a DyT in place of every LayerNorm (and ``nn.RMSNorm``), and its report; see the
@@ -206,8 +228,7 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         raise AdaptError(f"adapt(method='dyt') replaces LayerNorms (and nn.RMSNorm), and {name} has none; DyT is "
                          "a Transformer's norm. For a residual network without them use method='fixup', 'skipinit' "
                          "or 'rezero'")
-    calls = _first_calls(source, args, norms if fitted else [m for m in norms if type(m) not in (nn.LayerNorm,
-                                                                                                 _RMSNORM)])
+    calls = _first_calls(source, args, norms)
     report = DyTAdaptReport(method.name, DYT_FITTED if fitted else method.dyt_alpha)
     new: dict[int, DyT] = {}
     problems: list[str] = []
@@ -216,7 +237,7 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         if isinstance(dim, str):
             problems.append(f"{names[id(mod)]} ({type(mod).__name__}): {dim}")
             continue
-        alpha, rms = method.dyt_alpha, None
+        alpha, rms = method.dyt_alpha, _input_rms(calls.get(id(mod)))
         if fitted:
             fit = _fitted_alpha(mod, dim, calls.get(id(mod)))
             if isinstance(fit, str):
@@ -234,6 +255,8 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
         if id(child) in new:
             setattr(parent, attr, new[id(child)])
     report.warnings += [f"{p}; it stays a norm" for p in problems]
+    if not fitted:
+        report.warnings += _small_inputs(report.replaced)
     if swapped:
         report.warnings.append(f"PyTorch Transformer modules ({', '.join(swapped[:3])}) run their documented "
                                "non-fast-path computation (a subclass of the same module), as the fused fast path "
