@@ -9,7 +9,7 @@ Which dimension a subclass normalises is read from its output on the example inp
 
 alpha0 is one number for every norm, or ``"fitted"``: each DyT starts at the alpha that brings it closest to its
 LayerNorm's output on the example input (:func:`fixup.nn.fit_dyt_alpha`, the fit ``fixup.convert`` makes for a
-trained norm). A norm whose inputs are small (GPT-2's at its 0.02 draws: about 0.02 RMS) sends ``tanh(0.5 x)``, and
+trained norm). A norm whose inputs are small (GPT-2's at its 0.02 draws: about 0.03 RMS) sends ``tanh(0.5 x)``, and
 with it the signal, to about 1% of a LayerNorm's output; the fitted alpha gives it the LayerNorm's scale.
 
 Their Limitations report that DyT does not replace BatchNorm (ResNet-50 and VGG19 on ImageNet lose accuracy), and so
@@ -79,8 +79,8 @@ class DyTAdaptReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        start = (f"alpha from {self.alpha:g}" if isinstance(self.alpha, float) else
-                 "alpha fitted per norm to its LayerNorm's output on the example input")
+        start = ("alpha fitted per norm to its LayerNorm's output on the example input"
+                 if isinstance(self.alpha, str) else f"alpha from {self.alpha:g}")
         lines = [f"Adapt report: method {self.method}, {len(self.replaced)} norm(s) replaced by DyT (gamma * "
                  f"tanh(alpha x) + beta, {start}; Zhu et al. 2025), nothing else changed"]
         for r in self.replaced:
