@@ -145,12 +145,10 @@ def adapt(model: nn.Module, example_input: Tensor | Sequence[Tensor], *, strict:
     see docs/methods.md); the report is a :class:`GateAdaptReport`.
 
     With ``method="dyt"`` (Dynamic Tanh, Zhu et al. 2025) the copy has a :class:`fixup.nn.DyT` in place of every
-    LayerNorm (and ``nn.RMSNorm``), alpha from 0.5, gamma and beta the norm's own affine, and nothing else changed;
-    a model with BatchNorm and no LayerNorm is refused (DyT does not replace BatchNorm: measured, docs/methods.md).
-    It takes ``strict``, ``state_dict``, ``private`` and ``alpha0``: the starting alpha, a positive number (0.5
-    when not given, the authors' default) or ``"fitted"``, each DyT's alpha fitted to its LayerNorm's output on
-    the example input (for models whose norms see small inputs, such as GPT-2's at its 0.02 draws:
-    docs/methods.md); the report is a :class:`DyTAdaptReport`.
+    LayerNorm (and ``nn.RMSNorm``), gamma and beta the norm's own affine, and nothing else changed; a model with
+    BatchNorm and no LayerNorm is refused (measured, docs/methods.md). It takes ``strict``, ``state_dict``,
+    ``private`` and ``alpha0``: 0.5 (default), another number, or ``"fitted"`` to each LayerNorm's output on the
+    example input (for norms that see small inputs, as GPT-2's); the report is a :class:`DyTAdaptReport`.
 
     Args:
         model: any ``nn.Module`` whose forward runs on ``example_input``. It is not modified.
