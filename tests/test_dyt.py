@@ -243,6 +243,8 @@ def test_adapt_dyt_refuses_an_alpha0_it_cannot_use() -> None:
         fixup.adapt(_Tokens(), torch.randn(2, 5, 8), alpha0=2.0)
     with pytest.raises(ValueError, match="its one option is alpha0="):
         fixup.adapt(_Tokens(), torch.randn(2, 5, 8), method="dyt", alpha0=2.0, mode="fan_in")
+    with pytest.raises(ValueError, match="has no option 'alpha'"):
+        fixup.adapt(_Tokens(), torch.randn(2, 5, 8), method="dyt", alpha0=2.0, alpha=1.0)
     zeros = _Tokens()
     with torch.no_grad():
         zeros.embed.weight.zero_()

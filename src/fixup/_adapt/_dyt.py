@@ -168,20 +168,19 @@ def _paths(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return [(parent, attr, child) for parent in model.modules() for attr, child in parent.named_children()]
 
 
-def _fitted_alpha(mod: nn.Module, dim: int, call: tuple[Tensor, Tensor] | None) -> tuple[float, float] | str:
-    """(alpha, the input's RMS) of the DyT closest to norm ``mod`` on its first call, or why it cannot be fitted."""
-    if call is None:
+def _fitted_alpha(mod: nn.Module, dim: int, call: tuple[Tensor, Tensor] | None, rms: float | None) -> float | str:
+    """The alpha of the DyT closest to norm ``mod`` on its first call (its input's RMS ``rms``), or why it cannot be
+    fitted."""
+    if call is None or rms is None:
         return ("it is not called on the example input, so its alpha cannot be fitted; give an input that reaches "
                 "it, or a number as alpha0")
-    x, y = (t.double().movedim(dim, -1).reshape(-1, t.shape[dim]) for t in call)
-    rms = float(x.pow(2).mean().sqrt())
     if not (math.isfinite(rms) and rms > 0):
         return f"its input on the example input has RMS {rms:g}, which fits no alpha; give a number as alpha0"
-    channels = x.shape[1]
+    x, y = (t.double().movedim(dim, -1).reshape(-1, t.shape[dim]) for t in call)
     weight, bias = getattr(mod, "weight", None), getattr(mod, "bias", None)
-    gamma = weight.detach().double() if isinstance(weight, Tensor) else torch.ones(channels, dtype=torch.float64)
-    beta = bias.detach().double() if isinstance(bias, Tensor) else torch.zeros(channels, dtype=torch.float64)
-    return fit_dyt_alpha(x, y, gamma, beta), rms
+    gamma = weight.detach().double() if isinstance(weight, Tensor) else torch.ones(x.shape[1], dtype=torch.float64)
+    beta = bias.detach().double() if isinstance(bias, Tensor) else torch.zeros(x.shape[1], dtype=torch.float64)
+    return fit_dyt_alpha(x, y, gamma, beta)
 
 
 def _input_rms(call: tuple[Tensor, Tensor] | None) -> float | None:
@@ -239,11 +238,11 @@ def adapt_dyt(model: nn.Module, args: tuple[Tensor, ...], method: Method, *, str
             continue
         alpha, rms = method.dyt_alpha, _input_rms(calls.get(id(mod)))
         if fitted:
-            fit = _fitted_alpha(mod, dim, calls.get(id(mod)))
+            fit = _fitted_alpha(mod, dim, calls.get(id(mod)), rms)
             if isinstance(fit, str):
                 problems.append(f"{names[id(mod)]} ({type(mod).__name__}): {fit}")
                 continue
-            alpha, rms = fit
+            alpha = fit
         new[id(mod)], gamma, beta = _replacement(mod, dim, alpha)
         report.replaced.append(DyTRecord(names[id(mod)], type(mod).__name__, int(mod.normalized_shape[0]), dim,
                                          gamma, beta, alpha, rms))

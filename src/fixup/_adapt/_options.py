@@ -77,10 +77,10 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
     chosen = adapted_method(method)
     given = {k: v for k, v in {**options, "mode": mode}.items() if v is not None}  # None: not given
     alpha0 = given.pop("alpha0", None)
-    if alpha0 is not None:
-        return _check_dyt_alpha(chosen, alpha0, trunk, gate_biases, given)
     for key in given:
         _check_known(key)
+    if alpha0 is not None:
+        return _check_dyt_alpha(chosen, alpha0, trunk, gate_biases, given)
     for key in ("mode", "stem_mode"):
         if key in given and given[key] not in FAN_MODES:
             raise ValueError(f"{key} must be one of {FAN_MODES}, got {given[key]!r}")
