@@ -1,6 +1,6 @@
 """A Hugging Face GPT-2 (tiny config) on a generated copy task, as written (LayerNorm) and adapted by
-``fixup.adapt(..., method=)`` ``fixup``, ``t_fixup`` and ``dyt`` (alpha0 0.5, and ``alpha0="fitted"``): the same model,
-data, steps and optimiser for all.
+``fixup.adapt(..., method=)`` ``fixup``, ``t_fixup`` and ``dyt`` (alpha0 0.5, ``"fitted"``, 4, 16 or 50): the same
+model, data, steps and optimiser for all.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds 0 1 2
 
@@ -33,8 +33,10 @@ from _torchvision_shim import install as _install_torchvision_shim
 OUT = Path(__file__).parent / "results" / "adapt_t_fixup.json"
 # Each adapted form: fixup.adapt's options (layernorm is GPT-2 as written).
 FORM_OPTIONS = {"fixup": {"method": "fixup"}, "t_fixup": {"method": "t_fixup"}, "dyt": {"method": "dyt"},
-                "dyt_fitted": {"method": "dyt", "alpha0": "fitted"}}
+                "dyt_fitted": {"method": "dyt", "alpha0": "fitted"},
+                **{f"dyt_{a:g}": {"method": "dyt", "alpha0": a} for a in (4.0, 16.0, 50.0)}}
 FORMS = ("layernorm", *FORM_OPTIONS)
+DEFAULT_FORMS = ("layernorm", "fixup", "t_fixup", "dyt")  # the table of docs/methods.md; the others by --forms
 K, SYMBOLS, SEP = 8, 16, 1  # copied tokens, their alphabet (ids 2..17), the separator's id
 VOCAB = SYMBOLS + 2
 
@@ -102,7 +104,7 @@ def command(args: argparse.Namespace) -> str:
     """The command that reruns these runs."""
     text = "OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds " + " ".join(
         map(str, args.seeds))
-    if tuple(args.forms) != FORMS:
+    if tuple(args.forms) != DEFAULT_FORMS:
         text += " --forms " + " ".join(args.forms)
     if args.out != OUT:
         text += f" --out {args.out.relative_to(Path.cwd()) if args.out.is_relative_to(Path.cwd()) else args.out}"
@@ -114,7 +116,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+    p.add_argument("--forms", nargs="+", default=list(DEFAULT_FORMS), choices=FORMS)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     torch.set_num_threads(1)
