@@ -166,6 +166,7 @@ class OptimisationOptions:
     decay_period: int = 0  # inverse_sqrt without warm-up: lr * sqrt(P / (P + step)) from the first step, P this
     epochs: int = 30  # passes over the training set
     max_updates: int = 0  # stop after this many optimiser steps, if earlier than epochs (0 = epochs decide)
+    ema_decay: float = 0.0  # evaluate a moving average of the weights with this decay, with warm-up (0 = off)
 
 
 @dataclass
@@ -279,6 +280,9 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
         for name in ("seed", "split_seed"):
             if not 0 <= getattr(self, name) < 2**32:
                 raise ValueError(f"{name} must be a whole number in [0, 2**32), got {getattr(self, name)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must lie in [0, 1) (0 = off; 0.9-0.99 for a few hundred steps, 0.999 for "
+                             f"many thousand), got {self.ema_decay}")
         if self.gamma <= 0:
             raise ValueError(f"gamma must be > 0 (the step schedule multiplies the lr by it), got {self.gamma}")
         if self.agc_clipping <= 0:

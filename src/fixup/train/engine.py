@@ -47,6 +47,7 @@ from .checkpoint import (
 )
 from .collapse import CollapseWatch
 from .config import TrainConfig
+from .ema import WeightAverage
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe, apply_recipe
 from .result import Outcome, TrainResult
@@ -177,6 +178,7 @@ class _Run:
                                            train_examples=int(self.task.describe()["train_examples"]),
                                            example=self.task.first_batch(), device=runtime.device)
             self.net, self.optimizer = self.private.net, self.private.optimizer
+        self.ema = WeightAverage(self.model, config.ema_decay) if config.ema_decay else None
         self.watch = CollapseWatch(self.model, config.collapse_patience)
         self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
         self.epoch, self.batch, self.step = 0, 0, 0
@@ -207,7 +209,8 @@ class _Run:
                 "partial": {k: v.detach().cpu() for k, v in self.partial.items()}, "history": self.history,
                 "scalars": self.scalars,
                 "outcome": None if self.outcome is None else self.outcome.to_dict(),
-                **({"privacy": self.private.state_dict()} if self.private is not None else {})}
+                **({"privacy": self.private.state_dict()} if self.private is not None else {}),
+                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
 
     def _save(self) -> bool:
         """Write the checkpoint (main process); a model with non-finite weights never replaces a good one."""
@@ -264,6 +267,9 @@ class _Run:
             if self.private is not None:  # the accountant's history and the noise generator
                 field = "privacy"
                 self.private.load_state_dict(state["privacy"])
+            if self.ema is not None:
+                field = "ema"
+                self.ema.load_state_dict(state["ema"])
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as err:
             # two lines: load_state_dict's first only says "Error(s) in loading state_dict"; the second names the tensor
             first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:200]
@@ -290,6 +296,8 @@ class _Run:
                 with _stop_on_signals() as signals:
                     self._train(log, signals)
             assert self.outcome is not None
+            if self.ema is not None:  # the run delivers the weights it evaluated (the checkpoint keeps both)
+                torch._foreach_copy_(self.ema._live(), self.ema.average)
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
                                  None if self.out_dir is None else str(self.out_dir), self.model,
                                  already_ended=self.already_ended, stopped_by=self.stopped_by,
@@ -412,6 +420,8 @@ class _Run:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
 
     def _running(self) -> dict[str, str]:
         n = float(self.partial.get("n", 1.0))
@@ -452,6 +462,15 @@ class _Run:
         self.scalars.append({"epoch": self.epoch, "step": self.step, "scalars": scalar_stats(self.model)})
 
     def _evaluate(self) -> dict[str, float]:
+        """The test metrics (``test_*``); with ``ema_decay`` those of the averaged weights, and ``live_test_*`` of
+        the live ones."""
+        if self.ema is None:
+            return self._evaluate_model("test_")
+        live = self._evaluate_model("live_test_")
+        with self.ema.applied():
+            return {**self._evaluate_model("test_"), **live}
+
+    def _evaluate_model(self, prefix: str) -> dict[str, float]:
         rt, cfg = self.runtime, self.config
         self.model.eval()
         autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
@@ -461,4 +480,5 @@ class _Run:
             extra = self.task.report(self.model) if rt.is_main and hasattr(self.task, "report") else {}
         self.net.train()
         n = sums.pop("n", 0.0) or 1.0
-        return {**{f"test_{k}": v / n for k, v in sums.items()}, **extra}
+        extra = {k if prefix == "test_" else f"live_{k}": v for k, v in extra.items()}
+        return {**{f"{prefix}{k}": v / n for k, v in sums.items()}, **extra}
