@@ -286,6 +286,26 @@ def chosen_rates(search: list[dict[str, object]]) -> dict[tuple[str, str], float
             for key, by_rate in scores.items()}
 
 
+def edge_rates(search: list[dict[str, object]], grid: list[float], extend: int) -> dict[tuple[str, str], float]:
+    """Per (model, form) whose chosen rate is the largest (smallest) it has tried, the next rate of the grid's
+    geometric progression beyond it (the ratio of the grid's two largest (smallest) rates), while fewer than
+    ``extend`` rates beyond the grid were tried that way."""
+    tried: dict[tuple[str, str], set[float]] = {}
+    for r in search:
+        tried.setdefault((r["model"], r["form"]), set()).add(r["lr"])
+    if len(grid) < 2:
+        return {}
+    top, bottom = sorted(grid)[-2:], sorted(grid)[:2]
+    more = {}
+    for key, lr in chosen_rates(search).items():
+        rates = sorted(tried[key])
+        if lr == rates[-1] and sum(x > top[1] for x in rates) < extend:
+            more[key] = lr * top[1] / top[0]
+        elif lr == rates[0] and sum(x < bottom[0] for x in rates) < extend:
+            more[key] = lr * bottom[0] / bottom[1]
+    return more
+
+
 def _one_thread_worker() -> None:
     torch.set_num_threads(1)
 
@@ -390,6 +410,9 @@ def train_table(args: argparse.Namespace, options: tuple[tuple[str, object], ...
     if args.lrs:
         search = run_cells([cell(m, f, s, lr, args.val_fraction) for m in models for f in args.forms
                             for lr in args.lrs for s in args.search_seeds], args.jobs)
+        while more := edge_rates(search, args.lrs, args.extend):
+            search += run_cells([cell(m, f, s, lr, args.val_fraction) for (m, f), lr in more.items()
+                                 for s in args.search_seeds], args.jobs)
         rates = chosen_rates(search)
         for (m, f), lr in rates.items():
             print(f"  {m} {f}: rate {lr:g} chosen on the held-out part", file=sys.stderr, flush=True)
@@ -426,6 +449,9 @@ def main() -> None:
                    help="search these rates per (model, form) instead of one --lr: each trains on the training set "
                         "less a held-out part (--val-fraction) with --search-seeds, the best mean held-out accuracy "
                         "picks the rate, and --seeds then train at it on the whole training set (test accuracy)")
+    p.add_argument("--extend", type=int, default=2,
+                   help="with --lrs: where the chosen rate is the largest (smallest) tried, search on one grid step "
+                        "beyond it, at most this many times each way (0: the grid only)")
     p.add_argument("--val-fraction", type=float, default=0.2, help="with --lrs: of each class, held out")
     p.add_argument("--search-seeds", nargs="+", type=int, default=[0], help="with --lrs: the search's seeds")
     p.add_argument("--scalar-lr-mult", type=float, default=0.1, help="the scalars' rate over lr (0: held fixed)")
@@ -462,7 +488,7 @@ def main() -> None:
     args.lr = float(recipe["lr"]) if args.lr is None else args.lr
     out: dict[str, object] = {"settings": {
         "steps": args.steps, "seeds": args.seeds, "batch": 64, "lr": args.lr, "lrs": args.lrs,
-        "val_fraction": args.val_fraction if args.lrs else None,
+        "extend": args.extend if args.lrs else None, "val_fraction": args.val_fraction if args.lrs else None,
         "search_seeds": args.search_seeds if args.lrs else None,
         "scalar_lr_mult": args.scalar_lr_mult,
         "recipe": {"name": args.recipe, **recipe, "lr": args.lr}, "image_size": 32, "clip": args.clip,

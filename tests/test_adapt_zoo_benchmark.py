@@ -41,3 +41,23 @@ def test_the_rate_with_the_best_mean_held_out_accuracy_is_chosen_ties_to_the_sma
     assert bench.chosen_rates(rows) == {("m", "adapted"): 0.1, ("m", "normalised"): 0.1}
     rows[0]["acc"] = 0.7
     assert bench.chosen_rates(rows)[("m", "adapted")] == 0.3
+
+
+def test_a_rate_at_the_edge_of_the_grid_is_searched_on_at_most_twice_each_way(bench) -> None:
+    def row(form: str, lr: float, acc: float) -> dict[str, object]:
+        return {"model": "m", "form": form, "lr": lr, "acc": acc}
+
+    grid = [0.001, 0.003, 0.01]
+    search = [row("up", 0.001, 0.5), row("up", 0.003, 0.7), row("up", 0.01, 0.9),
+              row("down", 0.001, 0.9), row("down", 0.003, 0.7), row("down", 0.01, 0.5),
+              row("inside", 0.001, 0.5), row("inside", 0.003, 0.9), row("inside", 0.01, 0.5)]
+    more = bench.edge_rates(search, grid, extend=2)
+    assert set(more) == {("m", "up"), ("m", "down")}  # an interior best needs nothing more
+    assert more[("m", "up")] == pytest.approx(0.01 * 0.01 / 0.003)
+    assert more[("m", "down")] == pytest.approx(0.001 * 0.001 / 0.003)
+    search += [row("up", more[("m", "up")], 0.95), row("down", more[("m", "down")], 0.4)]
+    more = bench.edge_rates(search, grid, extend=2)
+    assert set(more) == {("m", "up")}  # down's best came back inside its rates
+    search.append(row("up", more[("m", "up")], 0.97))
+    assert bench.edge_rates(search, grid, extend=2) == {}  # two steps beyond the grid: the search stops
+    assert bench.edge_rates(search[:9], grid, extend=0) == {}
