@@ -64,6 +64,11 @@ class WeightAverage:
         finally:
             torch._foreach_copy_(live, kept)
 
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """Put the averaged weights into the model for good (the live ones are lost)."""
+        torch._foreach_copy_(self._live(), self.average)
+
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "updates": self.updates,
                 "average": {n: t.detach().cpu() for n, t in zip(self.names, self.average, strict=True)}}

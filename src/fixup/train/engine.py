@@ -11,7 +11,9 @@ initialisation, as epoch 0), the run folder and an atomic checkpoint. SIGINT/SIG
 checkpoint of the exact position and end the run as ``interrupted``; calling :func:`fit` again with the
 same ``out_dir`` continues bit-exactly. Under ``config.dp`` the model, the optimiser and the batches are those of
 private training (:mod:`fixup.train.private`): per-example clipping and noise replace the clipping above, and the
-epsilon spent is in the progress line, each epoch's record, run.json, result.json and the checkpoint.
+epsilon spent is in the progress line, each epoch's record, run.json, result.json and the checkpoint. With
+``ema_decay`` a moving average of the weights (:mod:`fixup.train.ema`) is evaluated beside the live weights and
+returned as the run's model.
 """
 
 from __future__ import annotations
@@ -297,7 +299,7 @@ class _Run:
                     self._train(log, signals)
             assert self.outcome is not None
             if self.ema is not None:  # the run delivers the weights it evaluated (the checkpoint keeps both)
-                torch._foreach_copy_(self.ema._live(), self.ema.average)
+                self.ema.copy_to_model()
             result = TrainResult(self.history, self.outcome, self.config.to_dict(), self.groups, self.task.describe(),
                                  None if self.out_dir is None else str(self.out_dir), self.model,
                                  already_ended=self.already_ended, stopped_by=self.stopped_by,
