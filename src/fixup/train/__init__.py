@@ -7,8 +7,9 @@
 See docs/training.md. The pieces: :mod:`.config` (the typed config), :mod:`.task` (the protocol a
 task implements), :mod:`.image_task` (image classification), :mod:`.optim` (parameter groups and
 schedules), :mod:`.regularisers` (Mixup, Cutout, label smoothing), :mod:`.checkpoint`,
-:mod:`.distributed`, :mod:`.runlog`, :mod:`.scalars` (the method's scalars over training), :mod:`.private`
-(private training through Opacus, imported only under ``dp``), :mod:`.engine` (the loop).
+:mod:`.distributed`, :mod:`.ema` (a moving average of the weights), :mod:`.runlog`, :mod:`.scalars` (the
+method's scalars over training), :mod:`.private` (private training through Opacus, imported only under
+``dp``), :mod:`.engine` (the loop).
 """
 
 from .checkpoint import CheckpointError
