@@ -287,3 +287,25 @@ def test_fixup_study_batch_tiny_end_to_end(tmp_path):
     assert "## Batch size" in (out / "report.md").read_text() and (out / "figures" / "batch.png").exists()
     assert main(["study", "batch", "--tiny", "--out", str(out), "--no-plots"]) == 0
     assert json.loads((out / "results.json").read_text())["timing"]["cells_run"] == 0
+
+
+def test_a_signal_during_a_cell_stops_the_whole_run_and_keeps_the_cells_checkpoint(tmp_path, monkeypatch):
+    # with --jobs 1 the cell trains in the run's own process, where the engine turns SIGTERM into a clean stop of
+    # the cell; the cell must pass the signal on (Interrupted), or the run would go on with the next cell
+    import os
+    import signal
+
+    import fixup.train
+    from fixup._signals import Interrupted
+
+    real = fixup.train.fit
+
+    def signalled_fit(config, **kwargs):
+        kwargs["on_step"] = lambda step: os.kill(os.getpid(), signal.SIGTERM) if step.step == 2 else None
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(fixup.train, "fit", signalled_fit)
+    with pytest.raises(Interrupted) as stopped:
+        batch.batch_cell(_tiny_cell("fixup", 2), tmp_path)
+    assert stopped.value.name == "SIGTERM"
+    assert (tmp_path / "checkpoint.pt").exists()  # the next run resumes the cell from it

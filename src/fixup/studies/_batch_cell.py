@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .._signals import Interrupted
 from .cells import Cell
 from .evidence import COMPLETED
 
@@ -103,6 +104,8 @@ def batch_cell(cell: Cell, work: Path) -> dict[str, Any]:
             return {**base, "outcome": "failed", "diverged": False, "reason": problem, "history": [],
                     "val_acc": None, "test_acc": None, "test_acc_batch_stats": None, "train_acc": None}
     result = fit(config, out_dir=work, task=task, progress=False)
+    if result.stopped_by:  # SIGINT/SIGTERM: the whole run stops (the cell's checkpoint is kept), not just this cell
+        raise Interrupted.from_name(result.stopped_by)
     if result.outcome == "interrupted":
         raise RuntimeError(f"cell {cell.key} was interrupted ({result.reason}); rerun to resume it")
     history = [{k: v for k, v in row.items() if isinstance(v, (int, float, str)) or v is None}
