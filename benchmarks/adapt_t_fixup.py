@@ -104,6 +104,10 @@ def command(args: argparse.Namespace) -> str:
     """The command that reruns these runs."""
     text = "OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds " + " ".join(
         map(str, args.seeds))
+    if args.steps != 1000:
+        text += f" --steps {args.steps}"
+    if args.lr != 1e-3:
+        text += f" --lr {args.lr:g}"
     if tuple(args.forms) != DEFAULT_FORMS:
         text += " --forms " + " ".join(args.forms)
     if args.out != OUT:
