@@ -290,11 +290,11 @@ def edge_rates(search: list[dict[str, object]], grid: list[float], extend: int) 
     """Per (model, form) whose chosen rate is the largest (smallest) it has tried, the next rate of the grid's
     geometric progression beyond it (the ratio of the grid's two largest (smallest) rates), while fewer than
     ``extend`` rates beyond the grid were tried that way."""
+    if len(grid) < 2:
+        return {}
     tried: dict[tuple[str, str], set[float]] = {}
     for r in search:
         tried.setdefault((r["model"], r["form"]), set()).add(r["lr"])
-    if len(grid) < 2:
-        return {}
     top, bottom = sorted(grid)[-2:], sorted(grid)[:2]
     more = {}
     for key, lr in chosen_rates(search).items():

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 __all__ = ["WeightAverage"]
 
@@ -29,18 +29,10 @@ class WeightAverage:
             raise ValueError(f"decay must lie in (0, 1), got {decay}; 0.999 suits runs of many thousand steps, "
                              "0.9-0.99 runs of a few hundred")
         self.decay, self.updates = decay, 0
-        self.names = [n for n, t in self._named(model) if t.is_floating_point()]
-        self.average = [t.detach().clone() for n, t in self._named(model) if t.is_floating_point()]
-        self._model = model
-
-    @staticmethod
-    def _named(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-        yield from model.named_parameters()
-        yield from model.named_buffers()
-
-    def _live(self) -> list[Tensor]:
-        tensors = dict(self._named(self._model))
-        return [tensors[n].detach() for n in self.names]
+        named = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()]
+        self.names = [n for n, _ in named]
+        self._live = [t.detach() for _, t in named]  # the model's own tensors, found once (updated in place)
+        self.average = [t.clone() for t in self._live]
 
     def current_decay(self) -> float:
         """The decay the next update uses (the warm-up's, while it is below ``decay``)."""
@@ -49,14 +41,14 @@ class WeightAverage:
     @torch.no_grad()
     def update(self) -> None:
         """Move the average towards the live weights (call after each optimiser step)."""
-        torch._foreach_lerp_(self.average, self._live(), 1.0 - self.current_decay())
+        torch._foreach_lerp_(self.average, self._live, 1.0 - self.current_decay())
         self.updates += 1
 
     @contextlib.contextmanager
     @torch.no_grad()
     def applied(self) -> Iterator[None]:
         """Inside, the model holds the averaged weights; the live ones come back on exit (also after an error)."""
-        live = self._live()
+        live = self._live
         kept = [t.clone() for t in live]
         torch._foreach_copy_(live, self.average)
         try:
@@ -67,7 +59,7 @@ class WeightAverage:
     @torch.no_grad()
     def copy_to_model(self) -> None:
         """Put the averaged weights into the model for good (the live ones are lost)."""
-        torch._foreach_copy_(self._live(), self.average)
+        torch._foreach_copy_(self._live, self.average)
 
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "updates": self.updates,
