@@ -11,6 +11,11 @@ same for every form), batch 64, the global gradient norm clipped at 1 (the engin
 fixes the initialisation, the adapt draws and the batches; the copy accuracy is measured on 1,024 held-out sequences
 (a fixed seed) after the last step. A run whose loss is not finite stops and is reported as failed. Writes
 benchmarks/results/adapt_t_fixup.json (config, summary, every run).
+
+``--lrs R1 R2 ...`` gives each form its own rate: the search seeds (``--search-seeds``) train at every rate and are
+scored on 1,024 validation sequences drawn apart from the test set; the best rate by validation accuracy (ties to
+the lower validation loss) is extended past the grid's edge, at most ``--extend`` times each way, while it lies
+there; the seeds then train at each form's chosen rate and are scored on the test set.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ FORM_OPTIONS = {"fixup": {"method": "fixup"}, "t_fixup": {"method": "t_fixup"}, 
 FORMS = ("layernorm", *FORM_OPTIONS)
 DEFAULT_FORMS = ("layernorm", "fixup", "t_fixup", "dyt")  # the table of docs/methods.md; the others by --forms
 K, SYMBOLS, SEP = 8, 16, 1  # copied tokens, their alphabet (ids 2..17), the separator's id
+TEST_SEED, VALIDATION_SEED = 99, 98  # the held-out sequences' generators: the test set and the rate search's
 VOCAB = SYMBOLS + 2
 
 
@@ -76,7 +82,7 @@ def copy_loss(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.
     return loss, (logits.argmax(-1) == target).float().mean()
 
 
-def run(form: str, seed: int, steps: int, lr: float) -> dict[str, object]:
+def run(form: str, seed: int, steps: int, lr: float, held_out: int = TEST_SEED) -> dict[str, object]:
     start = time.time()
     model = form_model(form, seed)
     opt = torch.optim.Adam(fixup.param_groups(model, lr=lr), lr=lr)
@@ -94,10 +100,43 @@ def run(form: str, seed: int, steps: int, lr: float) -> dict[str, object]:
         opt.step()
     model.eval()
     with torch.no_grad():
-        test_loss, acc = copy_loss(model, batch(1024, torch.Generator().manual_seed(99)))
-    return {"form": form, "seed": seed, "status": status, "failed_at": failed_at, "train_loss": loss.item(),
+        test_loss, acc = copy_loss(model, batch(1024, torch.Generator().manual_seed(held_out)))
+    return {"form": form, "seed": seed, "lr": lr, "status": status, "failed_at": failed_at, "train_loss": loss.item(),
             "test_loss": test_loss.item(), "copy_acc": acc.item() if status == "completed" else None,
             "seconds": round(time.time() - start, 1)}
+
+
+def _score(runs: list[dict[str, object]]) -> tuple[float, float]:
+    """A rate's score over its search runs: mean accuracy, then minus the mean loss (a failed run: 0 and -inf)."""
+    accs = [r["copy_acc"] if r["status"] == "completed" else 0.0 for r in runs]
+    losses = [r["test_loss"] if r["status"] == "completed" and math.isfinite(r["test_loss"]) else math.inf
+              for r in runs]
+    return statistics.mean(accs), -statistics.mean(losses)
+
+
+def search_rate(form: str, args: argparse.Namespace) -> tuple[float, list[dict[str, object]]]:
+    """The form's rate chosen on the validation sequences, and every search run (``"split": "validation"``)."""
+    grid = sorted(args.lrs)
+    runs: list[dict[str, object]] = []
+
+    def at(lr: float) -> list[dict[str, object]]:
+        done = [run(form, seed, args.steps, lr, VALIDATION_SEED) | {"split": "validation"}
+                for seed in args.search_seeds]
+        runs.extend(done)
+        return done
+
+    scores = {lr: _score(at(lr)) for lr in grid}
+    for _ in range(2 * args.extend):
+        best = max(scores, key=lambda lr: (scores[lr], -lr))
+        rates = sorted(scores)
+        if len(grid) > 1 and best == rates[-1] and sum(r > grid[-1] for r in rates) < args.extend:
+            nxt = best * grid[-1] / grid[-2]
+        elif len(grid) > 1 and best == rates[0] and sum(r < grid[0] for r in rates) < args.extend:
+            nxt = best * grid[0] / grid[1]
+        else:
+            break
+        scores[nxt] = _score(at(nxt))
+    return max(scores, key=lambda lr: (scores[lr], -lr)), runs
 
 
 def command(args: argparse.Namespace) -> str:
@@ -106,7 +145,12 @@ def command(args: argparse.Namespace) -> str:
         map(str, args.seeds))
     if args.steps != 1000:
         text += f" --steps {args.steps}"
-    if args.lr != 1e-3:
+    if args.lrs:
+        text += " --lrs " + " ".join(f"{r:g}" for r in args.lrs) + " --search-seeds " + " ".join(
+            map(str, args.search_seeds))
+        if args.extend != 2:
+            text += f" --extend {args.extend}"
+    elif args.lr != 1e-3:
         text += f" --lr {args.lr:g}"
     if tuple(args.forms) != DEFAULT_FORMS:
         text += " --forms " + " ".join(args.forms)
@@ -118,29 +162,45 @@ def command(args: argparse.Namespace) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="the rate of every form (without --lrs)")
+    p.add_argument("--lrs", type=float, nargs="+", default=None, help="search each form's rate over these")
+    p.add_argument("--search-seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--extend", type=int, default=2, help="rates tried past a best at the grid's edge, each way")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--forms", nargs="+", default=list(DEFAULT_FORMS), choices=FORMS)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     torch.set_num_threads(1)
     _install_torchvision_shim()  # transformers imports torchvision where it is installed (tests/_torchvision_shim.py)
-    runs = [run(form, seed, args.steps, args.lr) for seed in args.seeds for form in args.forms]
+    if args.lrs and (min(args.lrs) <= 0 or args.extend < 0):
+        p.error(f"--lrs must be positive and --extend at least 0, got {args.lrs} and {args.extend}")
+    rates, search = {form: args.lr for form in args.forms}, []
+    if args.lrs:
+        for form in args.forms:
+            rates[form], tried = search_rate(form, args)
+            search.extend(tried)
+    runs = [run(form, seed, args.steps, rates[form]) for seed in args.seeds for form in args.forms]
     summary = {}
     for form in args.forms:
         done = [r["copy_acc"] for r in runs if r["form"] == form and r["status"] == "completed"]
-        summary[form] = {"mean": statistics.mean(done) if done else None,
+        summary[form] = {"lr": rates[form], "mean": statistics.mean(done) if done else None,
                          "std": statistics.stdev(done) if len(done) > 1 else 0.0, "n": len(done),
                          "failed": sum(1 for r in runs if r["form"] == form and r["status"] != "completed")}
+        if args.lrs:
+            summary[form]["validation"] = {f"{lr:g}": [r["copy_acc"] for r in search
+                                                        if r["form"] == form and r["lr"] == lr]
+                                           for lr in sorted({r["lr"] for r in search if r["form"] == form})}
     config = {"model": "GPT2LMHeadModel (4 layers, width 64, 4 heads, dropout 0)", "task": f"copy {K} of {SYMBOLS}",
-              "steps": args.steps, "batch": 64, "optimiser": "Adam over fixup.param_groups", "lr": args.lr,
+              "steps": args.steps, "batch": 64, "optimiser": "Adam over fixup.param_groups",
+              "lr": args.lrs if args.lrs else args.lr, "search_seeds": args.search_seeds if args.lrs else None,
               "schedule": "constant, no warm-up", "clip": 1.0, "seeds": args.seeds, "threads": 1,
               "command": command(args)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": config, "summary": summary, "runs": runs}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"config": config, "summary": summary, "runs": runs, "search": search}, indent=1)
+                        + "\n")
     for form, s in summary.items():
         mean = "-" if s["mean"] is None else f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}%"
-        print(f"{form}: copy accuracy {mean} (n={s['n']}, failed {s['failed']})")
+        print(f"{form}: copy accuracy {mean} at lr {s['lr']:g} (n={s['n']}, failed {s['failed']})")
 
 
 if __name__ == "__main__":
