@@ -35,6 +35,13 @@ Budget (the whole command, n=3): 3 pre-trainings of 300 steps (about 12 s each),
 at b32 and b2, 4 x 4 under dp (BatchNorm in train mode: one refusal), and the variants of ``converted`` (3 at b32
 and b2, 2 under dp): 192 fine-tunings of 100-300 steps at 8x8. On one thread of the shared 2-core machine a b32 or
 b2 run takes about 5 s and a private one 10-15 s: 19 minutes in all, measured.
+
+Architectures (``--arch``): ``resnet20`` (above, 8x8 digits as stored) or ``timm-resnet18``: timm's ResNet-18 class
+(``timm.create_model("resnet18")``, 11.2M parameters, built offline; needs ``PYTHONPATH=src:tests`` for the
+torchvision shim) on the digits upsampled to 32x32 with three channels, pre-trained from a seeded draw by the same
+engine recipe; on every route its blocks add the shortcut out of place and its ReLUs are out of place (the same
+function; Opacus needs it), the GroupNorm route as in benchmarks/private_training.py. A b32 run of it takes about
+45 s on one thread, a b2 run about 15 s.
 """
 
 from __future__ import annotations
@@ -80,11 +87,12 @@ class Split:
     target_test: ImageData
 
 
-def split_digits(val_fraction: float = 0.2) -> Split:
-    """Digits 0-4 (source) and 5-9 (target, relabelled 0-4; its training images split into fine-tune/validation)."""
+def split_digits(val_fraction: float = 0.2, size: int = 0, channels: int = 0) -> Split:
+    """Digits 0-4 (source) and 5-9 (target, relabelled 0-4; its training images split into fine-tune/validation),
+    as stored or resized to ``size`` with ``channels`` channels."""
     from sklearn.model_selection import train_test_split
 
-    d = load_digits()
+    d = load_digits(size=size, channels=channels)
     (xtr, ytr), (xte, yte) = (s.batch(torch.arange(len(s))) for s in (d.train, d.test))
 
     def part(x: Tensor, y: Tensor, classes: range) -> TensorImages:
@@ -98,8 +106,8 @@ def split_digits(val_fraction: float = 0.2) -> Split:
     tgt_train, tgt_val = (TensorImages(tgt.images[i], tgt.labels[i]) for i in (ft, va))
 
     def data(name: str, train: TensorImages, test: TensorImages) -> ImageData:
-        return ImageData(name, train, test, num_classes=5, in_channels=1, image_size=8, mean=d.mean, std=d.std,
-                         source="scikit-learn digits")
+        return ImageData(name, train, test, num_classes=5, in_channels=d.in_channels, image_size=d.image_size,
+                         mean=d.mean, std=d.std, source="scikit-learn digits")
 
     return Split(data("digits 0-4", src_train, src_test), data("digits 5-9 (validation)", tgt_train, tgt_val),
                  data("digits 5-9 (test)", tgt_train, tgt_test))
@@ -125,6 +133,40 @@ def accuracy(model: nn.Module, data: ImageData) -> float:
     model.eval()
     with torch.no_grad():
         return (model(normalize(x, data.mean, data.std)).argmax(1) == y).float().mean().item()
+
+
+# --- the architectures ------------------------------------------------------------------------------------------
+
+ARCHS = ("resnet20", "timm-resnet18")
+_INPUT = {"resnet20": (1, 8), "timm-resnet18": (3, 32)}  # (channels, image size) each is trained on
+
+
+def _private_training() -> Any:
+    """benchmarks/private_training.py, for its timm ResNet-18 helpers (loaded by path: benchmarks is no package)."""
+    import importlib.util
+    from pathlib import Path
+
+    name = "private_training_benchmark"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("private_training.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def fresh_model(arch: str, depth: int, seed: int) -> nn.Module | None:
+    """A freshly drawn BatchNorm model of ``arch`` with 5 classes, seeded; ``None`` for resnet20, which the engine
+    builds from its config (as the committed runs did)."""
+    if arch == "resnet20":
+        return None
+    if arch == "timm-resnet18":
+        torch.manual_seed(seed)
+        return _private_training().timm_resnet18(5, _INPUT[arch][0])
+    raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
+
+
+def _out_of_place(model: nn.Module, arch: str) -> nn.Module:
+    return _private_training()._out_of_place(model) if arch == "timm-resnet18" else model
 
 
 # --- the routes -------------------------------------------------------------------------------------------------
@@ -165,14 +207,15 @@ def new_head(pretrained: nn.Module, classes: int) -> nn.Module:
     return model.eval()
 
 
-def route_model(route: str, pretrained: nn.Module, depth: int, seed: int) -> nn.Module:
+def route_model(route: str, pretrained: nn.Module, depth: int, seed: int, arch: str = "resnet20") -> nn.Module:
     """The model a route fine-tunes, in train mode, from the pre-trained BatchNorm model (its classifier replaced)."""
-    return _route_model(route, pretrained, depth, seed).train()
+    return _route_model(route, pretrained, depth, seed, arch).train()
 
 
-def _route_model(route: str, pretrained: nn.Module, depth: int, seed: int) -> nn.Module:
+def _route_model(route: str, pretrained: nn.Module, depth: int, seed: int, arch: str) -> nn.Module:
     model = copy.deepcopy(pretrained)
-    example = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+    channels, size = _INPUT[arch]
+    example = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fixup.FixupWarning)
         if route == "converted":
@@ -181,16 +224,19 @@ def _route_model(route: str, pretrained: nn.Module, depth: int, seed: int) -> nn
                 raise RuntimeError(f"the conversion was not exact: {report}")
             return model
         if route == "bn_train":
-            return model
+            return _out_of_place(model, arch)
         if route == "bn_frozen":
-            return freeze_batchnorm(model)
+            return _out_of_place(freeze_batchnorm(model), arch)
         if route == "groupnorm":
             from opacus.validators import ModuleValidator
 
-            return ModuleValidator.fix(model)
+            return _out_of_place(ModuleValidator.fix(model), arch)
         if route == "adapt_scratch":
-            torch.manual_seed(seed)
-            fresh = fixup.create_model("resnet_cifar", depth=depth, norm="batchnorm", num_classes=5, in_channels=1)
+            fresh = fresh_model(arch, depth, seed)
+            if fresh is None:
+                torch.manual_seed(seed)
+                fresh = fixup.create_model("resnet_cifar", depth=depth, norm="batchnorm", num_classes=5,
+                                           in_channels=1)
             model, _ = fixup.adapt(fresh, example)
             return model
     raise ValueError(f"unknown route {route!r}; choose one of {', '.join(ROUTES)}")
@@ -211,12 +257,12 @@ def finetune_config(setting: str, lr: float, steps: dict[str, int], seed: int, *
     return TrainConfig(**{**base, **changes}).validate()
 
 
-def pretrain(split: Split, depth: int, steps: int, seed: int) -> tuple[nn.Module, float]:
+def pretrain(split: Split, depth: int, steps: int, seed: int, arch: str = "resnet20") -> tuple[nn.Module, float]:
     """The BatchNorm ResNet trained on the source task by the engine; its source test accuracy."""
     config = TrainConfig(model="resnet_cifar", depth=depth, norm="batchnorm", lr=0.1, momentum=0.9,
                          weight_decay=5e-4, schedule="cosine", batch_size=32, epochs=10_000, max_updates=steps,
                          seed=seed, eval_every=10_000, checkpoint=False).validate()
-    task = _Given(config, split.source, None)
+    task = _Given(config, split.source, fresh_model(arch, depth, seed))
     result = fit(config, task=task, progress=False)
     if result.outcome != "completed":
         raise RuntimeError(f"pre-training seed {seed} ended {result.outcome}: {result.outcome.reason}")
@@ -224,10 +270,10 @@ def pretrain(split: Split, depth: int, steps: int, seed: int) -> tuple[nn.Module
 
 
 def finetune(route: str, setting: str, pretrained: nn.Module, split: Split, config: TrainConfig,
-             depth: int) -> dict[str, Any]:
+             depth: int, arch: str = "resnet20") -> dict[str, Any]:
     """One fine-tuning run: validation and test accuracy, the outcome, epsilon under dp, seconds."""
     start = time.perf_counter()
-    model = route_model(route, pretrained, depth, config.seed)
+    model = route_model(route, pretrained, depth, config.seed, arch)
     record: dict[str, Any] = {"route": route, "setting": setting, "seed": config.seed, "lr": config.lr}
     try:
         result = fit(config, task=_Given(config, split.target_val, model), progress=False)
@@ -340,6 +386,8 @@ def pooled(first: dict[str, Any], more: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--arch", default="resnet20", choices=ARCHS,
+                   help="the pre-trained model: fixup-lab's resnet_cifar at 8x8, or timm's ResNet-18 at 32x32x3")
     p.add_argument("--depth", type=int, default=20, help="resnet_cifar depth (6n+2)")
     p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--steps", type=int, default=150, help="fine-tuning steps at batch 32")
@@ -369,9 +417,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.steps = args.steps_b2 = args.steps_dp = 3
         args.lrs_b32, args.lrs_b2, args.lrs_dp = args.lrs_b32[:1], args.lrs_b2[:1], args.lrs_dp[:1]
     torch.set_num_threads(1)
-    command = "PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/transfer.py " + shlex.join(
+    path = "src" if args.arch == "resnet20" else "src:tests"  # timm needs the torchvision shim of tests/
+    command = f"PYTHONPATH={path} OMP_NUM_THREADS=1 python benchmarks/transfer.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
-    split = split_digits()
+    channels, size = _INPUT[args.arch] if args.arch != "resnet20" else (0, 0)  # resnet20: digits as stored
+    split = split_digits(size=size, channels=channels)
     lrs = {"b32": args.lrs_b32, "b2": args.lrs_b2, "dp": args.lrs_dp}
     steps = {"b32": args.steps, "b2": args.steps_b2, "dp": args.steps_dp}
     # Opacus's notes (the RDP order range, a full backward hook on an input without grad) and torch's, not results
@@ -380,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pretrained: dict[int, dict[str, Any]] = {}
     started = time.perf_counter()
     for seed in args.seeds:
-        model, acc = pretrain(split, args.depth, args.pretrain_steps, seed)
+        model, acc = pretrain(split, args.depth, args.pretrain_steps, seed, args.arch)
         pretrained[seed] = {"model": new_head(model, 5), "source_test_acc": acc}
         print(f"seed {seed}: pre-trained on 0-4, test {100 * acc:.1f}%", file=sys.stderr, flush=True)
     for setting in args.settings:
@@ -388,7 +438,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for lr in lrs[setting]:
                 for seed in args.seeds:
                     config = finetune_config(setting, lr, steps, seed)
-                    runs.append(finetune(route, setting, pretrained[seed]["model"], split, config, args.depth))
+                    runs.append(finetune(route, setting, pretrained[seed]["model"], split, config, args.depth,
+                                         args.arch))
                     if "refused" in runs[-1]:
                         break
                 if "refused" in runs[-1]:
@@ -404,7 +455,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for seed in args.seeds:
                     config = finetune_config(setting, base["lr"], steps, seed, **changes)
                     runs.append({**finetune("converted", setting, pretrained[seed]["model"], split, config,
-                                            args.depth), "variant": variant})
+                                            args.depth, args.arch), "variant": variant})
             print(f"{setting} converted variants: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for setting in args.settings:

@@ -164,3 +164,29 @@ def test_fine_tuning_a_converted_model_takes_the_measured_recipe_where_the_comma
     assert (mine.lr, mine.schedule, mine.weight_decay) == (0.3, "step", 1e-4)
     plain = config()
     assert (plain.weight_decay, plain.schedule) == (5e-4, "step")
+
+
+@needs_opacus
+def test_timm_resnet18_routes_keep_its_function_and_add_out_of_place(one_thread) -> None:
+    """--arch timm-resnet18: converted and bn_frozen compute the trained model's eval function at 32x32x3, and every
+    route that keeps timm's blocks adds the shortcut out of place (Opacus's hooks need it)."""
+    from test_adapt_zoo import _needs
+
+    _needs("timm")
+    bench = _benchmark()
+    model = bench.fresh_model("timm-resnet18", 20, 0)
+    with torch.no_grad():  # statistics as training would leave them, not the fresh 0/1
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model.eval()(x)
+        for route, same in (("converted", True), ("bn_frozen", True), ("groupnorm", False)):
+            out = bench.route_model(route, model, 20, 0, "timm-resnet18")
+            change = ((out(x) - ref).norm() / ref.norm()).item()
+            assert (change < 1e-5) == same, (route, change)
+            blocks = [m for m in out.modules() if type(m).__name__.endswith("BasicBlock")]
+            assert all(type(b).__name__ == "OutOfPlaceBasicBlock" for b in blocks if route != "converted"), route
+            assert not any(getattr(m, "inplace", False) for m in out.modules()) or route == "converted", route
