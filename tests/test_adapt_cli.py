@@ -106,3 +106,17 @@ def test_method_and_trunk_errors_name_what_works(factory: Path, capsys: pytest.C
     # Checked before the factory runs: its model is never built.
     assert main(["inspect", "--adapt", "no_such_module:build", "--method", "rezer"]) == 2
     assert "--method: fixup.adapt applies the methods" in capsys.readouterr().err
+
+
+def test_adapt_options_reach_adapt_and_are_checked_before_the_model_is_built(
+        factory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--adapt", "user_models:build", "--input-shape", "2,4", "--adapt-options",
+                 '{"rescale": 2}']) == 0
+    assert "factor x2" in capsys.readouterr().out
+    assert main(["inspect", "--adapt", "no_such_module:build", "--method", "skipinit", "--adapt-options",
+                 '{"rescale": 2}']) == 2
+    assert "--adapt-options: rescale= sets a factor" in capsys.readouterr().err  # refused before the import
+    assert main(["inspect", "--adapt", "user_models:build", "--adapt-options", '{"trunk": "none"}']) == 2
+    assert "give --method, --trunk or --lenient instead" in capsys.readouterr().err
+    assert main(["inspect", "resnet20", "--adapt-options", '{"rescale": 2}']) == 2
+    assert "--adapt-options {'rescale': 2} applies only to a model adapted with --adapt" in capsys.readouterr().err

@@ -68,3 +68,39 @@ def test_nf_resnet_adapts_the_users_model_and_trains_it_by_the_method_s_recipe(f
 def test_a_method_adapt_cannot_apply_is_refused_naming_what_works(factory: str) -> None:
     with pytest.raises(ValueError, match="t_fixup"):
         _fit(factory, init="t_fixup")
+
+
+def _built(factory: str, **fields: object):
+    import torch
+
+    from fixup.train import TrainConfig
+    from fixup.train.image_task import ImageClassification
+
+    torch.manual_seed(0)
+    config = TrainConfig(adapt=factory, device="cpu", checkpoint=False, **fields).validate()
+    return ImageClassification(config).build_model(config)
+
+
+def test_adapt_options_reach_fixup_adapt(factory: str) -> None:
+    """--adapt-options '{"rescale": 2}' doubles rule 2's factor on the branches' inner layers (RegNet's lever,
+    docs/adapt.md), the same draw otherwise; the zeroed last layers stay zero."""
+    base, doubled = _built(factory), _built(factory, adapt_options={"rescale": 2})
+    for name in ("2.conv1.weight", "3.conv1.weight"):
+        a, b = base.get_parameter(name), doubled.get_parameter(name)
+        assert float(b.detach().std()) == pytest.approx(2 * float(a.detach().std()), rel=1e-5), name
+    assert not doubled.get_parameter("2.conv2.weight").any()
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"adapt_options": {"rescale": 2}, "adapt": ""}, "apply to a model the engine adapts"),
+    ({"adapt_options": {"rescale": 2}, "norm": "none"}, "apply to a model the engine adapts"),
+    ({"adapt_options": {"rescale": 2}, "init": "skipinit"}, "rescale"),
+    ({"adapt_options": {"method": "rezero"}}, "set by the engine"),
+    ({"adapt_options": {"trunk": "sideways"}}, "trunk"),
+    ({"adapt_options": {"no_such_option": 1}}, "no_such_option"),
+])
+def test_adapt_options_that_cannot_apply_are_refused_before_anything_is_built(factory: str, fields, match) -> None:
+    from fixup.train import TrainConfig
+
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{"adapt": factory, **fields}).validate()

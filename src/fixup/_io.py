@@ -15,6 +15,7 @@ so :func:`atomic_write` remembers the first error its file raised and raises tha
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -209,3 +210,15 @@ def check_output_file(path: str | Path, option: str = "--json") -> Path:
     if not os.access(base, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {path}: {base} is not writable; choose a place you can write to")
     return path
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An option's JSON object (``--extra '{"key": 1}'``); anything else is a usage error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}; give an object such as "
+                                         "'{\"key\": 1}'") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
+    return value

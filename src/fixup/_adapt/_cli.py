@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._io import json_object
 from ..method import ADAPT_METHODS, METHODS
 from ._options import check_options
 from ._trunk import TRUNK_RULES
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if example is None:
         raise ValueError(f"--adapt {args.adapt}: give the example input's shape with --input-shape (e.g. "
                          "--input-shape 2,3,224,224), or let the factory return (model, example_input)")
-    adapted, report = adapt(model, example, strict=not args.lenient, method=method, trunk=trunk)
+    adapted, report = adapt(model, example, strict=not args.lenient, method=method, trunk=trunk,
+                            **(args.adapt_options or {}))
     params = sum(p.numel() for p in adapted.parameters())
     how = "" if METHODS[method].adapt in ("dyt", "nf", "t_fixup") else f" (trunk {trunk})"  # these set no trunk
     print(f"{args.adapt} adapted to {'Fixup' if method == 'fixup' else method}{how}: {params:,} parameters")
@@ -110,16 +112,22 @@ def run(args: argparse.Namespace) -> int:
 def check_arguments(args: argparse.Namespace) -> None:
     """The options of this mode, before any model is built: ``--method`` and ``--trunk`` must name what adapt
     applies, and need ``--adapt`` (a ValueError, not an option ignored)."""
-    given = {f"--{name}": value for name in ("method", "trunk") if (value := getattr(args, name, None)) is not None}
+    given = {f"--{name.replace('_', '-')}": value for name in ("method", "trunk", "adapt_options")
+             if (value := getattr(args, name, None)) is not None}
     if given and not args.adapt:
         raise ValueError(f"{' and '.join(f'{k} {v!r}' for k, v in given.items())} "
                          f"{'applies' if len(given) == 1 else 'apply'} only to a model adapted with --adapt "
                          "module:factory; a registered model takes its method from --norm/--init (e.g. fixup inspect "
                          "resnet_cifar --init rezero)")
+    options = dict(args.adapt_options or {})
+    named = sorted(set(options) & {"method", "trunk", "strict"})
+    if named:
+        raise ValueError(f"--adapt-options {', '.join(named)}: give --method, --trunk or --lenient instead")
     try:
-        check_options(args.method or "fixup", args.trunk or "lsuv", False, None, {})
+        check_options(args.method or "fixup", args.trunk or "lsuv", options.pop("gate_biases", False),
+                      options.pop("mode", None), options)
     except ValueError as err:
-        flag = "--trunk" if str(err).startswith("trunk") else "--method"
+        flag = "--trunk" if str(err).startswith("trunk") else "--adapt-options" if options else "--method"
         raise ValueError(f"{flag}: {err}") from None
 
 
@@ -137,5 +145,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trunk", default=None, metavar="RULE",
                    help="with --adapt: the rule for the weight layers outside the branches, one of "
                         f"{', '.join(TRUNK_RULES)} (default None: lsuv; docs/adapt.md, The trunk)")
+    p.add_argument("--adapt-options", type=json_object, default=None, metavar="JSON",
+                   help="with --adapt: more options of fixup.adapt as a JSON object, e.g. '{\"rescale\": 2}' "
+                        "(docs/adapt.md)")
     p.add_argument("--lenient", action="store_true",
                    help="with --adapt: leave out residual sums it cannot attribute (warnings) instead of failing")

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import functools
 import inspect
-import json
 import os
 import re
 import sys
@@ -23,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from .._io import read_json
+from .._io import json_object, read_json
 from ..method import resolve_method
 from .config import SECTIONS, TrainConfig
 from .recipe import finetune_defaults
@@ -42,18 +41,6 @@ def field_comments(cls: type) -> dict[str, str]:
         comments.update({m.group(1): m.group(2) for line in inspect.getsource(klass).splitlines()
                          if (m := pattern.match(line))})
     return comments
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    """An option's JSON object (``--extra '{"key": 1}'``); anything else is a usage error."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}; give an object such as "
-                                         "'{\"key\": 1}'") from err
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
-    return value
 
 
 def add_config_options(parser: argparse.ArgumentParser, *, defaults: TrainConfig | None = None,
@@ -89,7 +76,7 @@ def _add_section(parser: argparse.ArgumentParser, name: str, section: type, hint
             nargs = "+" if args[-1] is Ellipsis else len(args)
             group.add_argument(flag, type=args[0], nargs=nargs, metavar=args[0].__name__.upper(), **kw)
         elif typing.get_origin(tp) is dict:
-            group.add_argument(flag, type=_json_object, metavar="JSON", **kw)
+            group.add_argument(flag, type=json_object, metavar="JSON", **kw)
         else:  # a field type this generator does not know: fail loudly rather than skip the option
             raise TypeError(f"TrainConfig.{f.name} has type {tp}, which `fixup train` cannot parse")
 

@@ -97,6 +97,7 @@ class ModelOptions:
     task: str = "images"  # task kind: "images" (classification); others add themselves to fixup.train.task.TASKS
     model: str = "resnet_cifar"  # registered model name (fixup.list_models())
     adapt: str = ""  # module:factory of a user's model: fixup.adapt-ed under norm fixup, else as built ("" = model)
+    adapt_options: dict[str, Any] = field(default_factory=dict)  # fixup.adapt's options for --adapt: {"rescale": 2}
     depth: int = 0  # layers, for models that take a depth (0 = the builder's default)
     width: int = 0  # base width in channels, for models that take one (0 = the builder's default)
     norm: str = ""  # fixup | batchnorm | groupnorm | layernorm | dyt | none ("" = the method init names, else fixup)
@@ -298,6 +299,7 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
             raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
                              f"{self.scalar_weight_decay}")
         self._validate_regularisers()
+        self._validate_adapt_options()
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
         if self.image_size < 0:
@@ -341,6 +343,35 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
             raise ValueError(f"drop_path={self.drop_path:g} and head_dropout={self.head_dropout:g} are built into the "
                              f"library's ResNets, not into --adapt {self.adapt}'s model; set both to 0, or train a "
                              "registered ResNet (--model resnet_cifar)")
+
+    def _validate_adapt_options(self) -> None:
+        """``adapt_options`` only where the engine adapts ``--adapt``'s model, each one an option of ``fixup.adapt``
+        that applies under the method (the engine sets the method from ``init``/``norm``, the example input and,
+        under dp, privacy itself)."""
+        if not self.adapt_options:
+            return
+        from .._adapt._options import check_options
+
+        method = resolve_method(self.norm or None, self.init or None)
+        if not self.adapt or not (self.init or method.adapt):
+            raise ValueError(f"adapt_options={self.adapt_options!r} apply to a model the engine adapts: give --adapt "
+                             "module:factory with norm fixup or an --init that fixup.adapt applies (skipinit, rezero, "
+                             "...); a registered model takes its options from --norm/--init")
+        engine_set = sorted(set(self.adapt_options) & {"method", "private", "state_dict", "generator",
+                                                       "leaf_modules", "example_input", "model"})
+        if engine_set:
+            raise ValueError(f"adapt_options {', '.join(engine_set)}: set by the engine, not an option here (the "
+                             "method comes from --init/--norm; privacy from --dp)")
+        options = dict(self.adapt_options)
+        trunk, gate_biases, mode = options.pop("trunk", "lsuv"), options.pop("gate_biases", False), options.pop(
+            "mode", None)
+        for key in ("strict", "untie_weights"):
+            if not isinstance(options.pop(key, True), bool):
+                raise ValueError(f"adapt_options {key} must be true or false, got {self.adapt_options[key]!r}")
+        try:
+            check_options(method.name, trunk, gate_biases, mode, options)
+        except ValueError as err:
+            raise ValueError(f"adapt_options: {err}") from None
 
     def _validate_privacy(self) -> None:
         """The privacy options: a budget or a noise, and nothing that mixes examples or leaves them unaccounted."""

@@ -89,7 +89,7 @@ class ImageClassification:
             example, _ = next(self._load(self.data.train, [[0, 1]]))
             if config.dp:  # no training image may shape the model outside the accounting: noise of their shape
                 example = torch.randn(example.shape, generator=seeded_generator(config.seed, _ADAPT_KEY))
-            model, _ = adapt(model, example, method=method.name)
+            model, _ = adapt(model, example, method=method.name, **config.adapt_options)
         return model
 
     def _factory_model(self, config: TrainConfig) -> nn.Module:
