@@ -299,7 +299,6 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
             raise ValueError(f"scalar_weight_decay must be >= 0, or -1 for the same as weight_decay; got "
                              f"{self.scalar_weight_decay}")
         self._validate_regularisers()
-        self._validate_adapt_options()
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {self.test_fraction}")
         if self.image_size < 0:
@@ -343,6 +342,7 @@ class TrainConfig(RunOptions, PrivacyOptions, RegularisationOptions, Optimisatio
             raise ValueError(f"drop_path={self.drop_path:g} and head_dropout={self.head_dropout:g} are built into the "
                              f"library's ResNets, not into --adapt {self.adapt}'s model; set both to 0, or train a "
                              "registered ResNet (--model resnet_cifar)")
+        self._validate_adapt_options()  # options of what is built into --adapt's model, as the two above
 
     def _validate_adapt_options(self) -> None:
         """``adapt_options`` only where the engine adapts ``--adapt``'s model, each one an option of ``fixup.adapt``
