@@ -36,6 +36,11 @@ at b32 and b2, 4 x 4 under dp (BatchNorm in train mode: one refusal), and the va
 and b2, 2 under dp): 192 fine-tunings of 100-300 steps at 8x8. On one thread of the shared 2-core machine a b32 or
 b2 run takes about 5 s and a private one 10-15 s: 19 minutes in all, measured.
 
+The run store: with --json PATH (or --runs STORE), each fine-tuning run is appended to PATH.runs.jsonl as it ends,
+and a rerun reads the runs found there instead of training them (pre-training only the seeds it still needs). A
+stopped command resumes by running it again, and a long grid can be split across processes that share one store
+(``--routes`` or ``--seeds`` apart) and tabled by a last command over the whole grid that trains nothing new.
+
 Architectures (``--arch``): ``resnet20`` (above, 8x8 digits as stored) or ``timm-resnet18``: timm's ResNet-18 class
 (``timm.create_model("resnet18")``, 11.2M parameters, built offline; needs ``PYTHONPATH=src:tests`` for the
 torchvision shim) on the digits upsampled to 32x32 with three channels, pre-trained from a seeded draw by the same
@@ -73,6 +78,7 @@ NORMALISED = ("bn_train", "bn_frozen", "groupnorm")  # the normalised alternativ
 VARIANTS: dict[str, dict[str, Any]] = {"scalars at lr (scalar_lr_mult 1)": {"scalar_lr_mult": 1.0},
                                        "no clipping": {"clip": "none"},
                                        "warm-up 10%": {"warmup_steps": -10}}  # negative: percent of the run's steps
+RUN_KEYS = ("arch", "depth", "pretrain_steps", "steps", "route", "setting", "lr", "seed", "variant")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -286,6 +292,56 @@ def finetune(route: str, setting: str, pretrained: nn.Module, split: Split, conf
     return record
 
 
+# --- the run store ----------------------------------------------------------------------------------------------
+
+class RunStore:
+    """Every finished run, one JSON line each, appended as it ends (flushed to disk under a lock), so that an
+    interrupted command resumes where it stopped and one grid can be split across processes that share the file.
+    A run whose key (:data:`RUN_KEYS`: the architecture, the budgets and the run's route, setting, rate, seed and
+    variant) is in the store is read back, not trained again. A line cut short by a kill is skipped."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.records: dict[tuple[Any, ...], dict[str, Any]] = {}
+        if path is None:
+            return
+        import json
+        from pathlib import Path
+
+        file = Path(path)
+        if file.exists():
+            for number, line in enumerate(file.read_text().splitlines(), 1):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    print(f"{path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
+                    continue
+                self.records[self.key(record)] = record
+
+    @staticmethod
+    def key(record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(record.get(k, "") for k in RUN_KEYS)
+
+    def get(self, **key: Any) -> dict[str, Any] | None:
+        return self.records.get(self.key(key))
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        self.records[self.key(record)] = record
+        if self.path is not None:
+            import fcntl
+            import json
+            import os
+
+            with open(self.path, "ab+") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                end = f.seek(0, os.SEEK_END)
+                cut = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"  # a killed writer's last line
+                f.write((b"\n" if cut else b"") + json.dumps(record).encode() + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return record
+
+
 # --- statistics and the table -----------------------------------------------------------------------------------
 
 def summary(values: list[float]) -> dict[str, Any]:
@@ -401,6 +457,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-variants", action="store_true", help="skip the converted route's recipe search")
     p.add_argument("--smoke", action="store_true", help="depth 8, a few steps, one seed and rate: seconds")
     p.add_argument("--json", default=None, help="write the command, settings, every run, the table and the verdict")
+    p.add_argument("--runs", default=None, metavar="PATH",
+                   help="the run store (default: JSON.runs.jsonl beside --json): each run is appended as it ends and "
+                        "read back instead of trained again, so a stopped command resumes and processes given "
+                        "different --routes or --seeds can share one grid")
     p.add_argument("--pool", nargs=2, metavar=("FIRST", "MORE"), default=None,
                    help="train nothing: pool two JSON files (the rates chosen in FIRST, more seeds in MORE) and print "
                         "each route over all seeds with the converted route's paired lead")
@@ -426,20 +486,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = {"b32": args.steps, "b2": args.steps_b2, "dp": args.steps_dp}
     # Opacus's notes (the RDP order range, a full backward hook on an input without grad) and torch's, not results
     warnings.filterwarnings("ignore", category=UserWarning, module=r"opacus\.|fixup\.train\.engine")
-    runs: list[dict[str, Any]] = []
-    pretrained: dict[int, dict[str, Any]] = {}
+    store = RunStore(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None))
+    pretrained: dict[int, dict[str, Any]] = {}  # pre-trained lazily: a resumed command may need none
     started = time.perf_counter()
-    for seed in args.seeds:
-        model, acc = pretrain(split, args.depth, args.pretrain_steps, seed, args.arch)
-        pretrained[seed] = {"model": new_head(model, 5), "source_test_acc": acc}
-        print(f"seed {seed}: pre-trained on 0-4, test {100 * acc:.1f}%", file=sys.stderr, flush=True)
+
+    def source_model(seed: int) -> dict[str, Any]:
+        if seed not in pretrained:
+            model, acc = pretrain(split, args.depth, args.pretrain_steps, seed, args.arch)
+            pretrained[seed] = {"model": new_head(model, 5), "source_test_acc": acc}
+            print(f"seed {seed}: pre-trained on 0-4, test {100 * acc:.1f}%", file=sys.stderr, flush=True)
+        return pretrained[seed]
+
+    def run(route: str, setting: str, lr: float, seed: int, variant: str = "", **changes: Any) -> dict[str, Any]:
+        key = {"arch": args.arch, "depth": args.depth, "pretrain_steps": args.pretrain_steps,
+               "steps": steps[setting], "route": route, "setting": setting, "lr": lr, "seed": seed,
+               **({"variant": variant} if variant else {})}
+        found = store.get(**key)
+        if found is not None:
+            return found
+        source = source_model(seed)
+        config = finetune_config(setting, lr, steps, seed, **changes)
+        record = finetune(route, setting, source["model"], split, config, args.depth, args.arch)
+        return store.add({**key, **record, "source_test_acc": source["source_test_acc"]})
+
+    runs: list[dict[str, Any]] = []
     for setting in args.settings:
         for route in args.routes:
             for lr in lrs[setting]:
                 for seed in args.seeds:
-                    config = finetune_config(setting, lr, steps, seed)
-                    runs.append(finetune(route, setting, pretrained[seed]["model"], split, config, args.depth,
-                                         args.arch))
+                    runs.append(run(route, setting, lr, seed))
                     if "refused" in runs[-1]:
                         break
                 if "refused" in runs[-1]:
@@ -453,9 +528,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if setting == "dp" and "clip" in changes:  # under dp per-example clipping replaces the engine's
                     continue
                 for seed in args.seeds:
-                    config = finetune_config(setting, base["lr"], steps, seed, **changes)
-                    runs.append({**finetune("converted", setting, pretrained[seed]["model"], split, config,
-                                            args.depth, args.arch), "variant": variant})
+                    runs.append(run("converted", setting, base["lr"], seed, variant, **changes))
             print(f"{setting} converted variants: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for setting in args.settings:
@@ -478,7 +551,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "data": {"source": len(split.source.train), "source_test": len(split.source.test),
                     "target_finetune": len(split.target_val.train), "target_val": len(split.target_val.test),
                     "target_test": len(split.target_test.test)},
-           "pretrained": {s: {"source_test_acc": v["source_test_acc"]} for s, v in pretrained.items()},
+           "pretrained": {r["seed"]: {"source_test_acc": r["source_test_acc"]} for r in runs
+                          if "source_test_acc" in r},
            "runs": runs, "rows": rows, "table": table(rows, len(args.seeds)), "verdict": verdict(rows),
            "seconds": time.perf_counter() - started}
     print(out["table"])

@@ -142,6 +142,28 @@ def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
     assert len(pooled) == 2 + 3 * 4 - 1  # header, separator, 4 routes a setting, no BatchNorm in train mode under dp
 
 
+
+@needs_opacus
+def test_the_transfer_benchmark_resumes_from_its_run_store(tmp_path, one_thread, monkeypatch) -> None:
+    """Each run is appended to the store as it ends; a rerun (or a process given other routes) reads the stored
+    runs instead of training them, and a line cut short by a kill is skipped."""
+    bench = _benchmark()
+    argv = ["--smoke", "--seeds", "0", "--settings", "b32", "--no-variants", "--json", str(tmp_path / "t.json")]
+    first = bench.main([*argv, "--routes", "converted"])
+    store = tmp_path / "t.json.runs.jsonl"
+    assert len(store.read_text().splitlines()) == 1
+    with store.open("a") as f:
+        f.write('{"arch": "resnet20", "route": "gro')  # a writer killed mid-line
+    trained = []
+    finetune = bench.finetune
+    monkeypatch.setattr(bench, "finetune", lambda route, *a, **k: trained.append(route) or finetune(route, *a, **k))
+    second = bench.main([*argv, "--routes", "converted", "groupnorm"])
+    assert trained == ["groupnorm"]  # the converted run came from the store, not from training
+    assert second["runs"][0] == first["runs"][0]
+    assert len(store.read_text().splitlines()) == 3  # the cut line stays; the new run follows it
+    assert bench.main([*argv, "--routes", "converted", "groupnorm"])["runs"] == second["runs"] and trained == [
+        "groupnorm"]
+
 def test_fine_tuning_a_converted_model_takes_the_measured_recipe_where_the_command_leaves_it() -> None:
     """`fixup train --extra '{"converted": ...}'` without other options fine-tunes by the recipe benchmarks/transfer.py
     measured (no weight decay, cosine, no warm-up, global norm at 1, rate 0.1; 0.03 at tiny batches and under dp);
