@@ -65,6 +65,10 @@ resident set before training is recorded beside it). A run that fails (Opacus re
 operation breaking its hooks, ...) is a row carrying the error's first line; the table goes on. The published
 anchor, for direction only: De et al. 2022 reach 81.4% on CIFAR-10 at epsilon 8 with GroupNorm and weight
 standardisation.
+
+The run store: with --json PATH (or --runs STORE) each run is appended to PATH.runs.jsonl as it ends, and a rerun of
+the command reads the runs found there instead of training them (the rate search included: its choices follow from
+the stored runs), so a grid of hour-long runs (timm's ResNet-18 on a CPU) resumes across sessions.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from fixup._io import RecordLog
 
 _ROOT = Path(__file__).resolve().parents[1]
 if (_ROOT / "src" / "fixup").is_dir():
@@ -272,13 +278,31 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
-    """Each run in a fresh process (its peak memory is its own), ``jobs`` at a time."""
+# What identifies a run in the run store (--runs): the run's own choices and the protocol its result depends on.
+RUN_KEYS = ("arch", "route", "epsilon", "seed", "lr", "max_grad_norm", "split", "val_fraction", "protocol")
+
+
+def run_key(spec: dict[str, Any]) -> dict[str, Any]:
+    """A run's key in the store: where the device or the physical batch differ the run is the same."""
+    opts = {k: v for k, v in spec["opts"].items() if k not in ("device", "dp_physical_batch", "max_grad_norm")}
+    return {"arch": spec["arch"], "route": spec["route"], "epsilon": spec["epsilon"], "seed": spec["seed"],
+            "lr": spec["lr"], "max_grad_norm": spec.get("max_grad_norm", spec["opts"]["max_grad_norm"]),
+            "split": "validation" if spec.get("val_fraction") else "test",
+            "val_fraction": spec.get("val_fraction") or 0.0, "protocol": json.dumps(opts, sort_keys=True)}
+
+
+def run_all(specs: list[dict[str, Any]], jobs: int, log: RecordLog) -> list[dict[str, Any]]:
+    """Each run in a fresh process (its peak memory is its own), ``jobs`` at a time; a run already in ``log`` is
+    read from it, and each new one is added to it as it ends."""
     os.environ["OMP_NUM_THREADS"] = str(specs[0]["threads"]) if specs else "1"
-    rows = []
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        for row in pool.map(run_one, specs):
-            rows.append(row)
+    found = [log.get(**run_key(spec)) for spec in specs]
+    todo = [spec for spec, row in zip(specs, found, strict=True) if row is None]
+    if len(todo) < len(specs):
+        print(f"  {len(specs) - len(todo)} of {len(specs)} runs read from {log.path}", file=sys.stderr, flush=True)
+    new = []
+    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+        for spec, row in zip(todo, pool.map(run_one, todo), strict=True):
+            new.append(log.add({**run_key(spec), **row}))
             spent = f"epsilon {row['epsilon_spent']:.2f}" if row.get("epsilon_spent") else "non-private"
             shown = (f"{100 * row['acc']:.1f}%, {spent}, "
                      f"{1000 * (row['s_per_step'] or 0):.0f} ms/step" if row["status"] == "completed" else
@@ -287,7 +311,8 @@ def run_all(specs: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
                   f"C {row['max_grad_norm']:g} seed {row['seed']} "
                   f"({row['split']}): {shown}",
                   file=sys.stderr, flush=True)
-    return rows
+    fresh = iter(new)
+    return [row if row is not None else next(fresh) for row in found]
 
 
 # -- step time, side by side -----------------------------------------------------------------------------------------
@@ -381,7 +406,7 @@ def extension(scores: dict[Setting, float], grids: dict[float, list[float]]) -> 
 
 
 def search_rates(base: list[dict[str, Any]], grids: dict[float, list[float]], seeds: list[int], val_fraction: float,
-                 jobs: int) -> tuple[list[dict[str, Any]], dict[tuple[str, float, str], Setting]]:
+                 jobs: int, log: RecordLog) -> tuple[list[dict[str, Any]], dict[tuple[str, float, str], Setting]]:
     """Every (arch, epsilon, route) of ``base`` trained at each bound and each rate of its grid (and beyond a best
     rate at the edge of its bound's grid) on the training part, scored on the validation part; returns the search's
     rows and the chosen (rate, bound) of each."""
@@ -391,7 +416,7 @@ def search_rates(base: list[dict[str, Any]], grids: dict[float, list[float]], se
     rows: list[dict[str, Any]] = []
     todo = [spec for b in base for bound, grid in grids.items() for lr in grid for spec in runs(b, lr, bound)]
     while todo:
-        rows += run_all(todo, jobs)
+        rows += run_all(todo, jobs, log)
         scores = rate_scores(rows)
         todo = []
         for b in base:
@@ -520,6 +545,9 @@ def main() -> None:
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="TrainConfig fields for every run, values as JSON (e.g. scalar_lr_mult=1 weight_decay=5e-4)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the settings, every run and the table")
+    p.add_argument("--runs", default=None, metavar="PATH",
+                   help="the run store (default: JSON.runs.jsonl beside --json): each run is appended as it ends and "
+                        "read back instead of trained again, so a stopped command resumes by running it again")
     args = p.parse_args()
     try:
         overrides = parse_overrides(args.overrides)
@@ -552,15 +580,19 @@ def main() -> None:
         return
     base = [{"arch": a, "route": r, "epsilon": e, "opts": opts, "threads": args.threads}
             for a in args.archs for e in args.epsilons for r in args.routes]
+    log = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
+                    RUN_KEYS)
+    for number in log.skipped:
+        print(f"{log.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
     start = time.time()
     search: list[dict[str, Any]] = []
     if args.lr is None:
         grids = rate_grids(args.lrs, args.max_grad_norms, args.lr_times_bound)
-        search, chosen = search_rates(base, grids, args.search_seeds, args.val_fraction, args.jobs)
+        search, chosen = search_rates(base, grids, args.search_seeds, args.val_fraction, args.jobs, log)
     else:
         chosen = {_key(b): (args.lr, args.max_grad_norms[0]) for b in base}
     rows = run_all([{**b, "lr": chosen[_key(b)][0], "max_grad_norm": chosen[_key(b)][1], "seed": s}
-                    for b in base for s in args.seeds], args.jobs)
+                    for b in base for s in args.seeds], args.jobs, log)
     summary = summarise(rows)
     memory = rows[0]["memory"] if rows else ""
     print(table(summary, memory))

@@ -67,6 +67,7 @@ from torch import Tensor, nn
 
 import fixup
 from fixup._convert import ChannelAffine
+from fixup._io import RecordLog
 from fixup.data.images import ImageData, TensorImages, load_digits
 from fixup.train import TrainConfig, fit
 from fixup.train.image_task import ImageClassification
@@ -78,6 +79,7 @@ NORMALISED = ("bn_train", "bn_frozen", "groupnorm")  # the normalised alternativ
 VARIANTS: dict[str, dict[str, Any]] = {"scalars at lr (scalar_lr_mult 1)": {"scalar_lr_mult": 1.0},
                                        "no clipping": {"clip": "none"},
                                        "warm-up 10%": {"warmup_steps": -10}}  # negative: percent of the run's steps
+# what identifies a run in the run store: the architecture, the budgets, and the run's own choices
 RUN_KEYS = ("arch", "depth", "pretrain_steps", "steps", "route", "setting", "lr", "seed", "variant")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -292,56 +294,6 @@ def finetune(route: str, setting: str, pretrained: nn.Module, split: Split, conf
     return record
 
 
-# --- the run store ----------------------------------------------------------------------------------------------
-
-class RunStore:
-    """Every finished run, one JSON line each, appended as it ends (flushed to disk under a lock), so that an
-    interrupted command resumes where it stopped and one grid can be split across processes that share the file.
-    A run whose key (:data:`RUN_KEYS`: the architecture, the budgets and the run's route, setting, rate, seed and
-    variant) is in the store is read back, not trained again. A line cut short by a kill is skipped."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.records: dict[tuple[Any, ...], dict[str, Any]] = {}
-        if path is None:
-            return
-        import json
-        from pathlib import Path
-
-        file = Path(path)
-        if file.exists():
-            for number, line in enumerate(file.read_text().splitlines(), 1):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    print(f"{path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
-                    continue
-                self.records[self.key(record)] = record
-
-    @staticmethod
-    def key(record: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(record.get(k, "") for k in RUN_KEYS)
-
-    def get(self, **key: Any) -> dict[str, Any] | None:
-        return self.records.get(self.key(key))
-
-    def add(self, record: dict[str, Any]) -> dict[str, Any]:
-        self.records[self.key(record)] = record
-        if self.path is not None:
-            import fcntl
-            import json
-            import os
-
-            with open(self.path, "ab+") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                end = f.seek(0, os.SEEK_END)
-                cut = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"  # a killed writer's last line
-                f.write((b"\n" if cut else b"") + json.dumps(record).encode() + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-        return record
-
-
 # --- statistics and the table -----------------------------------------------------------------------------------
 
 def summary(values: list[float]) -> dict[str, Any]:
@@ -486,7 +438,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = {"b32": args.steps, "b2": args.steps_b2, "dp": args.steps_dp}
     # Opacus's notes (the RDP order range, a full backward hook on an input without grad) and torch's, not results
     warnings.filterwarnings("ignore", category=UserWarning, module=r"opacus\.|fixup\.train\.engine")
-    store = RunStore(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None))
+    store = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
+                      RUN_KEYS)
+    for number in store.skipped:
+        print(f"{store.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
     pretrained: dict[int, dict[str, Any]] = {}  # pre-trained lazily: a resumed command may need none
     started = time.perf_counter()
 

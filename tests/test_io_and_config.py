@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fixup._io import atomic_write, check_output_dir, check_output_file, read_json, write_json
+from fixup._io import RecordLog, atomic_write, check_output_dir, check_output_file, read_json, write_json
 from fixup.train import TrainConfig
 from fixup.train.checkpoint import CheckpointError, check_compatible
 from fixup.train.config import SECTIONS, section_fields
@@ -44,6 +44,39 @@ def test_read_json_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nothing\.json does not exist"):
         read_json(tmp_path / "nothing.json")
 
+
+
+def _append_records(path: str, worker: int, count: int) -> None:
+    log = RecordLog(path, ("worker", "i"))
+    for i in range(count):
+        log.add({"worker": worker, "i": i, "pad": "x" * 5000})  # lines longer than a pipe's atomic write
+
+
+def test_record_log_resumes_skips_a_cut_line_and_takes_appends_from_several_processes(tmp_path: Path) -> None:
+    import multiprocessing
+
+    path = tmp_path / "runs.jsonl"
+    log = RecordLog(path, ("route", "seed"))
+    log.add({"route": "fixup", "seed": 0, "acc": 0.9})
+    with path.open("a") as f:
+        f.write('{"route": "groupnorm", "se')  # a writer killed mid-line
+    again = RecordLog(path, ("route", "seed"))
+    assert again.get(route="fixup", seed=0) == {"route": "fixup", "seed": 0, "acc": 0.9}
+    assert again.get(route="fixup", seed=1) is None and again.skipped == [2]
+    again.add({"route": "groupnorm", "seed": 0, "acc": 0.8})  # starts a fresh line after the cut one
+    third = RecordLog(path, ("route", "seed"))
+    assert third.get(route="groupnorm", seed=0)["acc"] == 0.8 and third.skipped == [2]
+    assert RecordLog(None, ("a",)).add({"a": 1}) == {"a": 1}  # in memory only
+
+    shared = str(tmp_path / "shared.jsonl")
+    workers = [multiprocessing.get_context("spawn").Process(target=_append_records, args=(shared, w, 50))
+               for w in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    log = RecordLog(shared, ("worker", "i"))
+    assert not log.skipped and len(log.records) == 150
 
 def test_output_checks(tmp_path: Path) -> None:
     file = tmp_path / "f"

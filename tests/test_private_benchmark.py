@@ -59,3 +59,23 @@ def test_timm_resnet18_takes_every_normalisation_free_route_through_adapt(bench)
         config = bench.config_for("timm-resnet18", route, 8.0, 0, 0.5, OPTS)
         assert config["adapt"].endswith("private_training.py:timm_resnet18")
         assert (config["norm"], config["init"]) == (("fixup", "") if route == "fixup" else ("", route))
+
+
+def test_stored_runs_are_read_back_in_order_and_not_trained_again(bench, tmp_path) -> None:
+    from fixup._io import RecordLog
+
+    specs = [{"arch": "resnet20", "route": r, "epsilon": 8.0, "seed": s, "lr": 0.2, "opts": OPTS, "threads": 1}
+             for r in ("fixup", "groupnorm") for s in (0, 1)]
+    log = RecordLog(tmp_path / "runs.jsonl", bench.RUN_KEYS)
+    for i, spec in enumerate(reversed(specs)):  # stored in another order than asked
+        log.add({**bench.run_key(spec), "acc": i})
+    again = RecordLog(tmp_path / "runs.jsonl", bench.RUN_KEYS)
+    rows = bench.run_all(specs, 1, again)  # every run found: nothing is trained (no worker could run these)
+    assert [(r["route"], r["seed"], r["acc"]) for r in rows] == [("fixup", 0, 3), ("fixup", 1, 2),
+                                                                 ("groupnorm", 0, 1), ("groupnorm", 1, 0)]
+    # the device and the physical batch do not make another run; the bound, the split and the budget do
+    same = {**specs[0], "opts": {**OPTS, "device": "cuda", "dp_physical_batch": 32}}
+    assert bench.run_key(same) == bench.run_key(specs[0])
+    for other in ({**specs[0], "max_grad_norm": 1.0}, {**specs[0], "val_fraction": 0.2},
+                  {**specs[0], "opts": {**OPTS, "epochs": 10}}):
+        assert again.get(**bench.run_key(other)) is None

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
-__all__ = ["FULL_DISK", "atomic_write", "check_output_dir", "check_output_file", "full_disk_error", "read_json",
-           "remove_stale_temporaries", "to_json", "write_json", "write_text"]
+__all__ = ["FULL_DISK", "RecordLog", "atomic_write", "check_output_dir", "check_output_file", "full_disk_error",
+           "read_json", "remove_stale_temporaries", "to_json", "write_json", "write_text"]
 
 # The errnos of a write that found no room: the disk is full, the user's quota is spent, or a file would pass
 # the process's file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored).
@@ -222,3 +222,50 @@ def json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
     return value
+
+
+class RecordLog:
+    """Finished runs of a long benchmark, one JSON object a line, each appended as it ends (flushed to disk under an
+    exclusive lock), so that a stopped command resumes and several processes can share one grid.
+
+    A record is found again by its values of ``keys`` (a missing key reads as ""): :meth:`get` returns the stored
+    record, or ``None`` for a run still to train. A line cut short by a killed writer is skipped (its number is in
+    :attr:`skipped`), and the next append starts on a fresh line. ``path=None`` keeps the records in memory only.
+    """
+
+    def __init__(self, path: str | Path | None, keys: tuple[str, ...]) -> None:
+        self.path = None if path is None else Path(path)
+        self.keys = keys
+        self.records: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.skipped: list[int] = []
+        if self.path is not None and self.path.exists():
+            for number, line in enumerate(self.path.read_text().splitlines(), 1):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    self.skipped.append(number)
+                    continue
+                if isinstance(record, dict):
+                    self.records[self.key(record)] = record
+
+    def key(self, record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(record.get(k, "") for k in self.keys)
+
+    def get(self, **key: Any) -> dict[str, Any] | None:
+        return self.records.get(self.key(key))
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Store ``record`` (JSON-serialisable) and return it."""
+        line = json.dumps(record).encode() + b"\n"
+        self.records[self.key(record)] = record
+        if self.path is not None:
+            import fcntl
+
+            with open(self.path, "ab+") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                end = f.seek(0, os.SEEK_END)
+                cut = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"  # a killed writer's last line
+                f.write((b"\n" if cut else b"") + line)
+                f.flush()
+                os.fsync(f.fileno())
+        return record
