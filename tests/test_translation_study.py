@@ -112,3 +112,51 @@ def test_a_partly_run_search_says_which_side_is_missing_and_takes_no_difference(
     assert "LayerNorm - Fixup 0.00 ± 3.04 (95%)" in row.ours  # seeds 90 and 91 a side: t(2) * sqrt(2 * 0.5 / 2)
     assert "T-Fixup — (n=0 of 5; not finished 5 of 5): no difference, T-Fixup has no finished cell" in row.ours
     assert "dropout chosen on validation NLL: Fixup 0.3, LayerNorm 0.3" in row.ours
+
+
+def test_the_hard_task_grid_searches_low_dropouts_with_every_transformer_method(tmp_path):
+    grid = make_grid("deep", translation_task="hard")
+    g = grid.translation
+    assert g.extra["synthetic_task"] == "hard" and g.max_updates == 7200 and g.seeds == 5
+    assert g.dropouts == (0.1, 0.2, 0.3) and set(g.methods) == {"fixup", "layernorm", "t_fixup", "dyt"}
+    tasks = translation.plan(grid, Store(tmp_path)).tasks
+    assert len(tasks) == 4 * 3 * 5
+    for t in tasks:
+        config = translation_config(**t.cell.config["train"])
+        assert config.extra["synthetic_task"] == "hard" and config.max_updates == 7200
+        assert (config.norm == "dyt") == (t.cell.method == "dyt")
+    quick = make_grid("deep").translation  # the quick task's grid is untouched
+    assert "synthetic_task" not in quick.extra and quick.dropouts == (0.3, 0.4, 0.5, 0.6)
+    assert make_grid("tiny", translation_task="hard").translation.extra["synthetic_task"] == "hard"
+    with pytest.raises(ValueError, match="translation_task must be one of quick, hard"):
+        make_grid("deep", translation_task="iwslt")
+
+
+def test_on_the_hard_task_the_plateau_is_read_from_each_systems_curve():
+    """No budget is known for the hard task: a claim system whose greedy validation BLEU still rose by more than a
+    point over the last quarter of its updates is not trained, and the verdict says so; flat curves are judged."""
+    grid = make_grid("deep", translation_task="hard")
+    grid = replace(grid, translation=replace(grid.translation, dropouts=(0.1,), seeds=3))
+    flat = [(1800, 2.0, 55.0), (5400, 1.5, 60.0), (7200, 1.5, 60.5)]
+    rising = [(1800, 2.0, 40.0), (5400, 1.5, 50.0), (7200, 1.4, 53.0)]
+    done = [_record("fixup", 0.1, s, flat) for s in range(3)]
+    row = translation.claims(translation.summarise(done + [_record("layernorm", 0.1, s, rising) for s in range(3)],
+                                                   grid), grid)[0]
+    assert "LayerNorm's greedy validation BLEU still rose 3.0 from update 5,400 to 7,200" in row.why
+    assert "Fixup's greedy" not in row.why and row.verdict == "cannot be resolved at this scale"
+    assert "BLEU below the task's ceiling" in row.ours  # _record's test BLEU: 90-92, so 8.0 below
+    row = translation.claims(translation.summarise(done + [_record("layernorm", 0.1, s, flat) for s in range(3)],
+                                                   grid), grid)[0]
+    assert "still rose" not in row.why and "plateau" not in row.why
+
+
+def test_a_cell_trains_on_the_hard_task(tmp_path):
+    grid = make_grid("tiny", translation_task="hard")
+    grid = replace(grid, device="cpu", translation=replace(grid.translation, max_updates=2))
+    task = next(t for t in translation.plan(grid, Store(tmp_path / "store")).tasks if t.cell.method == "fixup")
+    result = translation.run_cell(task.cell, tmp_path / "cell")
+    assert result["test_bleu"] is not None and result["word_for_word_bleu"] is not None
+    from fixup.data.synthetic_translation import synthetic_task
+
+    written = json.loads((tmp_path / "cell" / "data" / "task.json").read_text())["config"]  # what the cell generated
+    assert written["nouns"] == synthetic_task("hard").nouns != synthetic_task("quick").nouns

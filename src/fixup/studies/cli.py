@@ -36,7 +36,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="folder or archive of the local data set (default None: "
                                                     "digits needs none)")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: as stored)")
-    p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>); rerun to resume")
+    p.add_argument("--translation-task", default="quick", choices=("quick", "hard"),
+                   help="the generated task the translation study trains on: quick (the default; every system ends "
+                        "near 100 BLEU), or hard (docs/translation.md, 'The hard task'; with --deep its own plateau "
+                        "grid: 4 methods x 3 dropouts x 5 seeds of 7,200 updates, a GPU's work)")
+    p.add_argument("--out", default=None, help="output folder (default None: runs/<mode>, with -hard for "
+                                               "--translation-task hard); rerun to resume")
     p.add_argument("--jobs", type=int, default=0,
                    help="cells run in parallel processes (default: one per CPU core up to 8; 1 on a GPU)")
     p.add_argument("--seeds", type=int, default=None,
@@ -103,11 +108,12 @@ def _run(args: argparse.Namespace, studies: list[str]) -> int:
     for name in studies:  # an unknown study is refused before the output folder exists
         get_study(name)
     grid = make_grid(args.mode, data=args.data, data_dir=args.data_dir, seeds=args.seeds,
-                     image_size=args.image_size, device=args.device)
+                     image_size=args.image_size, device=args.device, translation_task=args.translation_task)
     if args.jobs < 0:
         raise ValueError(f"--jobs must be 0 (automatic) or a positive number of processes, got {args.jobs}")
     args.jobs = args.jobs or _auto_jobs(args.device)
-    out = args.out or os.path.join("runs", args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}")
+    hard = "-hard" if args.translation_task == "hard" else ""
+    out = args.out or os.path.join("runs", (args.mode if len(studies) > 1 else f"{args.mode}-{studies[0]}") + hard)
     store = Store(out)
     if args.dry_run:
         return _dry_run(grid, store, studies)

@@ -25,7 +25,7 @@ from .store import Store
 
 __all__ = ["STUDY"]
 
-LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm", "t_fixup": "T-Fixup"}
+LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm", "t_fixup": "T-Fixup", "dyt": "Dynamic Tanh"}
 CLAIM_METHODS = ("fixup", "layernorm")  # the claim's two systems; any other method of the grid is a further row
 
 
@@ -101,6 +101,10 @@ EQUIVALENCE_BLEU = 1.0
 # each starts, so it cannot refute the claim.
 TRAINED_TOKENS = 600 * 2048  # at dropout 0.1 and below
 TRAINED_TOKENS_HIGH_DROPOUT = 1800 * 2048  # at a dropout above 0.1
+# On the hard generated task no budget is known in advance: a system is at its plateau when its mean greedy
+# validation BLEU rose by at most this much over the last quarter of its updates (our choice: the claim's own
+# margin, EQUIVALENCE_BLEU).
+PLATEAU_RISE_BLEU = 1.0
 # Seeds disagree "widely" when their BLEU spans more than this: the report then gives every seed's value.
 WIDE_SPREAD_BLEU = 5.0
 
@@ -181,9 +185,12 @@ def _bleu_text(c: Cells, dist: dict[str, Any]) -> str:
     return text
 
 
-def _training_limit(grid: Grid) -> str:
-    """Why this grid's runs are too short to be judged as trained systems ("" if they are not)."""
+def _training_limit(grid: Grid, summary: dict[str, Any] | None = None) -> str:
+    """Why this grid's runs are too short to be judged as trained systems ("" if they are not). On the quick task
+    the budget is known (TRAINED_TOKENS); on the hard one it is read from the runs' own learning curves."""
     g = grid.translation
+    if g.extra.get("synthetic_task", "quick") != "quick" and not g.data_dir:
+        return _still_rising(summary or {"chosen": {}})
     tokens = g.max_updates * g.max_tokens
     trained = TRAINED_TOKENS if max(g.dropouts) <= 0.1 else TRAINED_TOKENS_HIGH_DROPOUT
     if g.data_dir or tokens >= trained:
@@ -191,6 +198,24 @@ def _training_limit(grid: Grid) -> str:
     return (f"{g.max_updates:,} updates of {g.max_tokens:,} tokens, {tokens / trained:.2g}x the budget after "
             f"which both systems plateau on the generated task at dropout {max(g.dropouts):g}: the claim concerns "
             "trained systems")
+
+
+def _still_rising(summary: dict[str, Any]) -> str:
+    """Whether a claim system's mean greedy validation BLEU (at its chosen dropout) still rose by more than
+    PLATEAU_RISE_BLEU over the last quarter of its updates: then it is not trained to its plateau."""
+    texts = []
+    for method in CLAIM_METHODS:
+        curve = [(p["step"], p["valid_bleu"]["mean"]) for p in (summary["chosen"].get(method) or {}).get("curve", [])
+                 if p["valid_bleu"]["mean"] is not None]
+        if len(curve) < 2:
+            texts.append(f"{LABELS.get(method, method)} has no learning curve to show its plateau")
+            continue
+        last_step, last = curve[-1]
+        before_step, before = next((c for c in reversed(curve) if c[0] <= 0.75 * last_step), curve[0])
+        if last - before > PLATEAU_RISE_BLEU:
+            texts.append(f"{LABELS.get(method, method)}'s greedy validation BLEU still rose {last - before:.1f} from "
+                         f"update {before_step:,} to {last_step:,}")
+    return "; ".join(texts) + (": not at its plateau, and the claim concerns trained systems" if texts else "")
 
 
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
@@ -211,7 +236,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     j = judge({"Fixup": fx, "LayerNorm": ln}, holds=holds, contrary=learned and gap - ci > EQUIVALENCE_BLEU,
               paper_scale=bool(grid.translation.data_dir) and grid.translation.max_updates >= 200_000, ci=ci,
               must_succeed=("Fixup", "LayerNorm"),
-              limit=_training_limit(grid) if learned else
+              limit=_training_limit(grid, summary) if learned else
               f"a system does not beat the copy / word-for-word reference BLEU ({floor:.2f})")
     dist = {m: (e or {}).get("distribution") or _distribution(c) for m, e, c in
             (("fixup", fxe, fx), ("layernorm", lne, ln))}
@@ -226,6 +251,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     unfinished = [name for name, c in (("Fixup", fx), ("LayerNorm", ln)) if c.stat.mean is None]
     if learned:
         difference = f"LayerNorm - Fixup {difference_text(gap, ci)}"
+        if grid.translation.extra.get("synthetic_task", "quick") != "quick" and not grid.translation.data_dir:
+            difference += f" (the better {100 - max(fx.stat.mean, ln.stat.mean):.1f} BLEU below the task's ceiling)"
     elif unfinished:
         difference = f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no " \
                      "finished cell"
