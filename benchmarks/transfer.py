@@ -60,6 +60,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -152,7 +153,6 @@ _INPUT = {"resnet20": (1, 8), "timm-resnet18": (3, 32)}  # (channels, image size
 def _private_training() -> Any:
     """benchmarks/private_training.py, for its timm ResNet-18 helpers (loaded by path: benchmarks is no package)."""
     import importlib.util
-    from pathlib import Path
 
     name = "private_training_benchmark"
     if name not in sys.modules:
@@ -265,16 +265,40 @@ def finetune_config(setting: str, lr: float, steps: dict[str, int], seed: int, *
     return TrainConfig(**{**base, **changes}).validate()
 
 
-def pretrain(split: Split, depth: int, steps: int, seed: int, arch: str = "resnet20") -> tuple[nn.Module, float]:
-    """The BatchNorm ResNet trained on the source task by the engine; its source test accuracy."""
+def pretrain(split: Split, depth: int, steps: int, seed: int, arch: str = "resnet20",
+             cache: Path | None = None) -> tuple[nn.Module, float]:
+    """The BatchNorm ResNet trained on the source task by the engine; its source test accuracy. With ``cache`` (a
+    folder), the trained weights are kept there and loaded (``weights_only``) by every later call, in this process
+    or another: the first process to need a seed trains it, under a lock, and the others wait and load it."""
     config = TrainConfig(model="resnet_cifar", depth=depth, norm="batchnorm", lr=0.1, momentum=0.9,
                          weight_decay=5e-4, schedule="cosine", batch_size=32, epochs=10_000, max_updates=steps,
                          seed=seed, eval_every=10_000, checkpoint=False).validate()
     task = _Given(config, split.source, fresh_model(arch, depth, seed))
+    if cache is None:
+        return _pretrained(config, task, seed)
+    import fcntl
+
+    from fixup._io import atomic_write
+
+    cache.mkdir(parents=True, exist_ok=True)
+    file = cache / f"{arch}-depth{depth}-steps{steps}-seed{seed}.pt"
+    with open(cache / f".{file.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if file.exists():
+            model = task.build_model(config)
+            model.load_state_dict(torch.load(file, weights_only=True))
+            return model.eval(), accuracy(model, split.source)
+        model, acc = _pretrained(config, task, seed)
+        with atomic_write(file, "wb") as f:
+            torch.save(model.state_dict(), f)
+        return model, acc
+
+
+def _pretrained(config: TrainConfig, task: _Given, seed: int) -> tuple[nn.Module, float]:
     result = fit(config, task=task, progress=False)
     if result.outcome != "completed":
         raise RuntimeError(f"pre-training seed {seed} ended {result.outcome}: {result.outcome.reason}")
-    return task.model.eval(), accuracy(task.model, split.source)
+    return task.model.eval(), accuracy(task.model, task.data)
 
 
 def finetune(route: str, setting: str, pretrained: nn.Module, split: Split, config: TrainConfig,
@@ -419,7 +443,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.pool:
         import json
-        from pathlib import Path
 
         first, more = (json.loads(Path(f).read_text()) for f in args.pool)
         print(pooled(first, more))
@@ -447,7 +470,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def source_model(seed: int) -> dict[str, Any]:
         if seed not in pretrained:
-            model, acc = pretrain(split, args.depth, args.pretrain_steps, seed, args.arch)
+            model, acc = pretrain(split, args.depth, args.pretrain_steps, seed, args.arch,
+                                  None if store.path is None else store.path.with_name(store.path.name + ".pretrained"))
             pretrained[seed] = {"model": new_head(model, 5), "source_test_acc": acc}
             print(f"seed {seed}: pre-trained on 0-4, test {100 * acc:.1f}%", file=sys.stderr, flush=True)
         return pretrained[seed]

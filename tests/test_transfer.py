@@ -157,9 +157,14 @@ def test_the_transfer_benchmark_resumes_from_its_run_store(tmp_path, one_thread,
     trained = []
     finetune = bench.finetune
     monkeypatch.setattr(bench, "finetune", lambda route, *a, **k: trained.append(route) or finetune(route, *a, **k))
+    monkeypatch.setattr(bench, "_pretrained", lambda *a: pytest.fail("pre-trained again instead of loaded"))
     second = bench.main([*argv, "--routes", "converted", "groupnorm"])
     assert trained == ["groupnorm"]  # the converted run came from the store, not from training
     assert second["runs"][0] == first["runs"][0]
+    # the pre-trained model came from the shared cache: the same weights, so the same source accuracy
+    assert [f.name for f in (tmp_path / "t.json.runs.jsonl.pretrained").glob("*.pt")] == [
+        "resnet20-depth8-steps4-seed0.pt"]
+    assert second["runs"][1]["source_test_acc"] == first["runs"][0]["source_test_acc"]
     assert len(store.read_text().splitlines()) == 3  # the cut line stays; the new run follows it
     assert bench.main([*argv, "--routes", "converted", "groupnorm"])["runs"] == second["runs"] and trained == [
         "groupnorm"]
