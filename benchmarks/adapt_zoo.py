@@ -25,6 +25,9 @@ Models: timm's resnet18, regnetx_002, efficientnet_b0, mobilenetv3_small_050 and
 registered, and vit_tiny_patch16_224 at img_size 32, patch 4 (65 tokens) with ``--vit-depth`` of its 12
 blocks (6 by default, for CPU time). timm imports through tests/_torchvision_shim.py. Also accepted: any
 name of tests/adapt_zoo.py's ZOO and "resnet18 (fixup-lab)" (the library's own, ``--resnet18-width``).
+
+With --json PATH (or --runs STORE) every training run is appended to PATH.runs.jsonl as it ends and read back by a
+rerun instead of trained again: a stopped table resumes by running the same command.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from _torchvision_shim import install as _install_torchvision_shim
 _install_torchvision_shim()  # before anything imports torchvision
 
 import fixup  # noqa: E402
+from fixup._io import RecordLog  # noqa: E402
 from fixup.data.images import load_images  # noqa: E402
 
 TIMM = ("resnet18", "regnetx_002", "efficientnet_b0", "mobilenetv3_small_050", "convnext_atto",
@@ -310,11 +314,23 @@ def _one_thread_worker() -> None:
     torch.set_num_threads(1)
 
 
-def run_cells(cells: list[Cell], jobs: int) -> list[dict[str, object]]:
-    """Run every cell, in this process (``jobs`` 1) or in ``jobs`` processes of one thread each."""
-    results = []
+def cell_key(cell: Cell) -> str:
+    """A cell's key in the run store: every field but its thread count, which does not change the run."""
+    return json.dumps({k: v for k, v in asdict(cell).items() if k != "threads"}, sort_keys=True, default=str)
 
-    def done(r: dict[str, object]) -> None:
+
+def run_cells(cells: list[Cell], jobs: int, log: RecordLog | None = None) -> list[dict[str, object]]:
+    """Run every cell, in this process (``jobs`` 1) or in ``jobs`` processes of one thread each; a cell already in
+    ``log`` (the run store) is read from it, and each new one is added to it as it ends."""
+    log = log if log is not None else RecordLog(None, ("cell",))
+    found = {cell_key(c): log.get(cell=cell_key(c)) for c in cells}
+    results = [{k: v for k, v in r.items() if k != "cell"} for r in found.values() if r is not None]
+    cells = [c for c in cells if found[cell_key(c)] is None]
+    if results:
+        print(f"  {len(results)} runs read from {log.path}", file=sys.stderr, flush=True)
+
+    def done(cell: Cell, r: dict[str, object]) -> None:
+        log.add({"cell": cell_key(cell), **r})
         results.append(r)
         diverged = r["diverged_at"] is not None
         state = f"diverged at step {r['diverged_at']}" if diverged else f"loss {r['final_loss']:.3f}"
@@ -324,13 +340,14 @@ def run_cells(cells: list[Cell], jobs: int) -> list[dict[str, object]]:
 
     if jobs <= 1:
         for cell in cells:
-            done(run_cell(cell))
+            done(cell, run_cell(cell))
         return results
     os.environ["OMP_NUM_THREADS"] = "1"  # read by each child's OpenMP at start
     cells = [replace(c, threads=1) for c in cells]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_one_thread_worker) as pool:
-        for future in as_completed([pool.submit(run_cell, c) for c in cells]):
-            done(future.result())
+        futures = {pool.submit(run_cell, c): c for c in cells}
+        for future in as_completed(futures):
+            done(futures[future], future.result())
     return results
 
 
@@ -397,8 +414,8 @@ def signal_table(models: list[str], rules: list[str], vit_depth: int) -> tuple[l
     return rows, "\n".join(lines)
 
 
-def train_table(args: argparse.Namespace, options: tuple[tuple[str, object], ...], command: str
-                ) -> dict[str, object]:
+def train_table(args: argparse.Namespace, options: tuple[tuple[str, object], ...], command: str,
+                log: RecordLog | None = None) -> dict[str, object]:
     """The training table: every (model, form, seed) at --lr, or at the rate its --lrs search chose."""
     def cell(model: str, form: str, seed: int, lr: float, val_fraction: float = 0.0) -> Cell:
         return Cell(model, form, seed, args.steps, lr, args.scalar_lr_mult, args.clip, args.clip_value, options,
@@ -409,15 +426,15 @@ def train_table(args: argparse.Namespace, options: tuple[tuple[str, object], ...
     rates = {(m, f): args.lr for m in models for f in args.forms}
     if args.lrs:
         search = run_cells([cell(m, f, s, lr, args.val_fraction) for m in models for f in args.forms
-                            for lr in args.lrs for s in args.search_seeds], args.jobs)
+                            for lr in args.lrs for s in args.search_seeds], args.jobs, log)
         while more := edge_rates(search, args.lrs, args.extend):
             search += run_cells([cell(m, f, s, lr, args.val_fraction) for (m, f), lr in more.items()
-                                 for s in args.search_seeds], args.jobs)
+                                 for s in args.search_seeds], args.jobs, log)
         rates = chosen_rates(search)
         for (m, f), lr in rates.items():
             print(f"  {m} {f}: rate {lr:g} chosen on the held-out part", file=sys.stderr, flush=True)
     cells = [cell(m, f, s, rates[(m, f)]) for m in models for f in args.forms for s in args.seeds]
-    runs = run_cells(cells, args.jobs)
+    runs = run_cells(cells, args.jobs, log)
     rows, table = training_table(runs, args.models, args.forms, args.seeds)
     for row in rows:
         row["lr"] = rates[(row["model"], row["form"])]
@@ -468,6 +485,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per cell (with --jobs 1)")
     p.add_argument("--jobs", type=int, default=1, help="run the cells in this many processes, one thread each")
     p.add_argument("--json", default=None, help="write the settings, every run and the tables as JSON")
+    p.add_argument("--runs", default=None, metavar="PATH",
+                   help="the run store (default: JSON.runs.jsonl beside --json): each training run is appended as "
+                        "it ends and read back instead of trained again, so a stopped command resumes")
     args = p.parse_args()
     for name in ("steps", "threads", "jobs", "vit_depth"):
         if getattr(args, name) < 1:
@@ -504,7 +524,11 @@ def main() -> None:
         rows, table = signal_table([m for m in args.models if m in TIMM], args.trunk_rules, args.vit_depth)
         out["signal"] = {"rows": rows, "markdown": table}
     if args.only in (None, "training"):
-        out["training"] = train_table(args, options, out["settings"]["command"])
+        log = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
+                        ("cell",))
+        for number in log.skipped:
+            print(f"{log.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
+        out["training"] = train_table(args, options, out["settings"]["command"], log)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 

@@ -61,3 +61,14 @@ def test_a_rate_at_the_edge_of_the_grid_is_searched_on_at_most_twice_each_way(be
     search.append(row("up", more[("m", "up")], 0.97))
     assert bench.edge_rates(search, grid, extend=2) == {}  # two steps beyond the grid: the search stops
     assert bench.edge_rates(search[:9], grid, extend=0) == {}
+
+
+def test_cells_in_the_run_store_are_read_back_not_trained_again(bench, tmp_path, monkeypatch) -> None:
+    from fixup._io import RecordLog
+
+    cell = bench.Cell(bench.OURS, "adapted", 0, steps=2, resnet18_width=4)
+    first = bench.run_cells([cell], 1, RecordLog(tmp_path / "runs.jsonl", ("cell",)))
+    monkeypatch.setattr(bench, "run_cell", lambda c: pytest.fail(f"trained again: {c}"))
+    again = bench.run_cells([bench.replace(cell, threads=2)], 1, RecordLog(tmp_path / "runs.jsonl", ("cell",)))
+    assert again == first and first[0]["steps"] == 2  # the thread count does not make another run
+    assert bench.cell_key(bench.replace(cell, seed=1)) != bench.cell_key(cell)
