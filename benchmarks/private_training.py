@@ -302,6 +302,9 @@ def run_all(specs: list[dict[str, Any]], jobs: int, log: RecordLog) -> list[dict
     new = []
     with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
         for spec, row in zip(todo, pool.map(run_one, todo), strict=True):
+            if row["status"] == "interrupted":  # a signal stopped the run: not a result, and not stored
+                raise SystemExit(f"interrupted during {row['arch']} {row['route']} lr {row['lr']:g} seed "
+                                 f"{row['seed']}; the finished runs are in {log.path}: rerun the command to resume")
             new.append(log.add({**run_key(spec), **row}))
             spent = f"epsilon {row['epsilon_spent']:.2f}" if row.get("epsilon_spent") else "non-private"
             shown = (f"{100 * row['acc']:.1f}%, {spent}, "

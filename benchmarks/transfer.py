@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         source = source_model(seed)
         config = finetune_config(setting, lr, steps, seed, **changes)
         record = finetune(route, setting, source["model"], split, config, args.depth, args.arch)
+        if record.get("outcome") == "interrupted":  # a signal stopped the run: not a result, and not stored
+            raise SystemExit(f"interrupted during {route} {setting} lr {lr:g} seed {seed}; the {len(store.records)} "
+                             f"finished runs are in {store.path}: rerun the command to resume")
         return store.add({**key, **record, "source_test_acc": source["source_test_acc"]})
 
     runs: list[dict[str, Any]] = []

@@ -168,6 +168,12 @@ def test_the_transfer_benchmark_resumes_from_its_run_store(tmp_path, one_thread,
     assert len(store.read_text().splitlines()) == 3  # the cut line stays; the new run follows it
     assert bench.main([*argv, "--routes", "converted", "groupnorm"])["runs"] == second["runs"] and trained == [
         "groupnorm"]
+    # a run stopped by a signal is no result: the command ends, saying how to resume, and stores nothing
+    monkeypatch.setattr(bench, "finetune",
+                        lambda route, *a, **k: {**finetune(route, *a, **k), "outcome": "interrupted"})
+    with pytest.raises(SystemExit, match="rerun the command to resume"):
+        bench.main([*argv, "--routes", "bn_frozen"])
+    assert len(store.read_text().splitlines()) == 3
 
 def test_fine_tuning_a_converted_model_takes_the_measured_recipe_where_the_command_leaves_it() -> None:
     """`fixup train --extra '{"converted": ...}'` without other options fine-tunes by the recipe benchmarks/transfer.py
