@@ -189,7 +189,7 @@ def _training_limit(grid: Grid, summary: dict[str, Any] | None = None) -> str:
     """Why this grid's runs are too short to be judged as trained systems ("" if they are not). On the quick task
     the budget is known (TRAINED_TOKENS); on the hard one it is read from the runs' own learning curves."""
     g = grid.translation
-    if g.extra.get("synthetic_task", "quick") != "quick" and not g.data_dir:
+    if _hard_task(grid):
         return _still_rising(summary or {"chosen": {}})
     tokens = g.max_updates * g.max_tokens
     trained = TRAINED_TOKENS if max(g.dropouts) <= 0.1 else TRAINED_TOKENS_HIGH_DROPOUT
@@ -198,6 +198,10 @@ def _training_limit(grid: Grid, summary: dict[str, Any] | None = None) -> str:
     return (f"{g.max_updates:,} updates of {g.max_tokens:,} tokens, {tokens / trained:.2g}x the budget after "
             f"which both systems plateau on the generated task at dropout {max(g.dropouts):g}: the claim concerns "
             "trained systems")
+
+
+def _hard_task(grid: Grid) -> bool:
+    return grid.translation.extra.get("synthetic_task", "quick") != "quick" and not grid.translation.data_dir
 
 
 def _still_rising(summary: dict[str, Any]) -> str:
@@ -251,7 +255,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     unfinished = [name for name, c in (("Fixup", fx), ("LayerNorm", ln)) if c.stat.mean is None]
     if learned:
         difference = f"LayerNorm - Fixup {difference_text(gap, ci)}"
-        if grid.translation.extra.get("synthetic_task", "quick") != "quick" and not grid.translation.data_dir:
+        if _hard_task(grid):
             difference += f" (the better {100 - max(fx.stat.mean, ln.stat.mean):.1f} BLEU below the task's ceiling)"
     elif unfinished:
         difference = f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no " \
