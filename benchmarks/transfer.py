@@ -68,7 +68,7 @@ from torch import Tensor, nn
 
 import fixup
 from fixup._convert import ChannelAffine
-from fixup._io import RecordLog
+from fixup._io import RecordLog, atomic_write, write_json
 from fixup.data.images import ImageData, TensorImages, load_digits
 from fixup.train import TrainConfig, fit
 from fixup.train.image_task import ImageClassification
@@ -277,8 +277,6 @@ def pretrain(split: Split, depth: int, steps: int, seed: int, arch: str = "resne
     if cache is None:
         return _pretrained(config, task, seed)
     import fcntl
-
-    from fixup._io import atomic_write
 
     cache.mkdir(parents=True, exist_ok=True)
     file = cache / f"{arch}-depth{depth}-steps{steps}-seed{seed}.pt"
@@ -543,8 +541,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{v['best_normalised_mean']:.1f} ({v['difference']:+.1f}); target {v['target']}: "
               f"{'met' if v['met'] else 'not met'}")
     if args.json:
-        from fixup._io import write_json
-
         write_json(args.json, out)
     return out
 
