@@ -524,10 +524,9 @@ def main() -> None:
         rows, table = signal_table([m for m in args.models if m in TIMM], args.trunk_rules, args.vit_depth)
         out["signal"] = {"rows": rows, "markdown": table}
     if args.only in (None, "training"):
-        log = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
-                        ("cell",))
-        for number in log.skipped:
-            print(f"{log.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
+        log = RecordLog.beside(args.json, ("cell",), args.runs)
+        for note in log.notes:
+            print(note, file=sys.stderr)
         out["training"] = train_table(args, options, out["settings"]["command"], log)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))

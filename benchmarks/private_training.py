@@ -583,10 +583,9 @@ def main() -> None:
         return
     base = [{"arch": a, "route": r, "epsilon": e, "opts": opts, "threads": args.threads}
             for a in args.archs for e in args.epsilons for r in args.routes]
-    log = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
-                    RUN_KEYS)
-    for number in log.skipped:
-        print(f"{log.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
+    log = RecordLog.beside(args.json, RUN_KEYS, args.runs)
+    for note in log.notes:
+        print(note, file=sys.stderr)
     start = time.time()
     search: list[dict[str, Any]] = []
     if args.lr is None:

@@ -459,10 +459,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = {"b32": args.steps, "b2": args.steps_b2, "dp": args.steps_dp}
     # Opacus's notes (the RDP order range, a full backward hook on an input without grad) and torch's, not results
     warnings.filterwarnings("ignore", category=UserWarning, module=r"opacus\.|fixup\.train\.engine")
-    store = RecordLog(args.runs if args.runs is not None else (f"{args.json}.runs.jsonl" if args.json else None),
-                      RUN_KEYS)
-    for number in store.skipped:
-        print(f"{store.path}:{number}: an unfinished line (a killed writer?), skipped", file=sys.stderr)
+    store = RecordLog.beside(args.json, RUN_KEYS, args.runs)
+    for note in store.notes:
+        print(note, file=sys.stderr)
     pretrained: dict[int, dict[str, Any]] = {}  # pre-trained lazily: a resumed command may need none
     started = time.perf_counter()
 

@@ -248,6 +248,17 @@ class RecordLog:
                 if isinstance(record, dict):
                     self.records[self.key(record)] = record
 
+    @classmethod
+    def beside(cls, json_path: str | None, keys: tuple[str, ...], path: str | None = None) -> RecordLog:
+        """A benchmark's store: ``path`` when given (its ``--runs``), else ``JSON.runs.jsonl`` beside its ``--json``
+        output, else in memory only."""
+        return cls(path if path is not None else (f"{json_path}.runs.jsonl" if json_path else None), keys)
+
+    @property
+    def notes(self) -> list[str]:
+        """One line for each line of the file that was skipped, for the command to show."""
+        return [f"{self.path}:{n}: an unfinished line (a killed writer?), skipped" for n in self.skipped]
+
     def key(self, record: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(record.get(k, "") for k in self.keys)
 
