@@ -130,6 +130,17 @@ def build(cell: Cell) -> torch.nn.Module:
     return ZOO[cell.model].build()
 
 
+def method_options(spec: str) -> dict[str, object]:
+    """``"dyt:alpha0=fitted"`` -> ``{"method": "dyt", "alpha0": "fitted"}`` (values as ``--adapt-option`` parses)."""
+    method, _, rest = spec.partition(":")
+    return {"method": method, **dict(parse_option(o) for o in rest.split(",") if o)}
+
+
+def _zoo_names() -> set[str]:
+    from adapt_zoo import ZOO
+    return set(ZOO)
+
+
 def accounting() -> list[dict[str, object]]:
     from adapt_zoo import ZOO
     rows = []
@@ -387,29 +398,39 @@ def training_table(results: list[dict[str, object]], models: list[str], forms: l
     return rows, "\n".join(lines)
 
 
-def signal_table(models: list[str], rules: list[str], vit_depth: int) -> tuple[list[dict[str, object]], str]:
+def signal_table(models: list[str], variants: list[tuple[str, dict[str, object]]], vit_depth: int
+                 ) -> tuple[list[dict[str, object]], str]:
     """The stream's RMS at each stage's output over the input's, at initialisation: each model as built
-    (normalised, train mode) beside its adapted copy under each trunk rule; one batch of 8 N(0, 1) images."""
+    (normalised, train mode) beside its adapted copy under each variant (a column label and the options of
+    fixup.adapt: a trunk rule, or a method); one batch of 8 N(0, 1) images. A variant the model refuses is shown as
+    refused, with adapt's reason kept in the rows."""
+    from fixup import AdaptError
     from fixup.lab.signal import compare_signal
 
     rows = []
-    lines = ["| model | normalised | " + " | ".join(f"trunk `{r}`" for r in rules) + " |",
-             "|---|---|" + "---|" * len(rules)]
+    lines = ["| model | normalised | " + " | ".join(label for label, _ in variants) + " |",
+             "|---|---|" + "---|" * len(variants)]
     for name in models:
         torch.manual_seed(0)
         model = build(Cell(name, "normalised", 0, vit_depth=vit_depth))
         x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
         forms: dict[str, object] = {}
+        refused: dict[str, str] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for rule in rules:
-                got = compare_signal(model, x, trunk=rule, generator=torch.Generator().manual_seed(0))
+            for label, options in variants:
+                try:
+                    got = compare_signal(model, x, generator=torch.Generator().manual_seed(0), **options)
+                except AdaptError as err:
+                    refused[label] = str(err)
+                    continue
                 forms.setdefault("normalised", got["normalised"])
-                forms[rule] = got["adapted"]
+                forms[label] = got["adapted"]
         ratios = {k: [float(f"{r.ratio:.3g}") for r in v.stages] for k, v in forms.items()}
-        rows.append({"model": name, **ratios})
-        lines.append(f"| {name} | " + " | ".join(" ".join(f"{r:.2g}" for r in ratios[k])
-                                                  for k in ["normalised", *rules]) + " |")
+        rows.append({"model": name, **ratios, "refused": refused})
+        cells = [" ".join(f"{r:.2g}" for r in ratios[k]) if k in ratios else "refused"
+                 for k in ["normalised", *(label for label, _ in variants)]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     return rows, "\n".join(lines)
 
@@ -450,6 +471,9 @@ def main() -> None:
     p.add_argument("--only", choices=("accounting", "training", "signal"), default=None)
     p.add_argument("--trunk-rules", nargs="+", default=["none", "fan_in", "lsuv"],
                    help="signal: the trunk rules of fixup.adapt to compare")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="signal: compare these methods of fixup.adapt (each at its default trunk) instead of the "
+                        "trunk rules; METHOD:KEY=VALUE,... adds options (dyt:alpha0=fitted)")
     p.add_argument("--models", nargs="+", default=list(TIMM),
                    help=f"models to train: of {list(TIMM + TIMM_MORE)} (timm), {OURS!r}, or names of "
                         "tests/adapt_zoo.py's ZOO")
@@ -521,7 +545,10 @@ def main() -> None:
             print(f"| {r['model']} | {r['source']} | {r['result']} | {r.get('L', '')} | {r.get('m', '')} | "
                   f"{r.get('factor', '')} | {r.get('nonlinearities', '')} | {r.get('norms', '')} |", flush=True)
     if args.only in (None, "signal"):
-        rows, table = signal_table([m for m in args.models if m in TIMM], args.trunk_rules, args.vit_depth)
+        variants = ([(f"`{m}`", method_options(m)) for m in args.methods] if args.methods else
+                    [(f"trunk `{r}`", {"trunk": r}) for r in args.trunk_rules])
+        rows, table = signal_table([m for m in args.models if m in TIMM + TIMM_MORE or m in _zoo_names()],
+                                   variants, args.vit_depth)
         out["signal"] = {"rows": rows, "markdown": table}
     if args.only in (None, "training"):
         log = RecordLog.beside(args.json, ("cell",), args.runs)

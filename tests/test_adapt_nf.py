@@ -281,3 +281,15 @@ def test_the_copy_survives_deepcopy_and_torch_save(tmp_path) -> None:
     loaded, _ = _adapt(ResNet(BasicBlock, [1, 1], width=8, small_input=True), _x())
     loaded.load_state_dict(torch.load(tmp_path / "nf.pt", weights_only=True))
     assert torch.equal(loaded.eval()(x), model.eval()(x)) and torch.equal(copy.deepcopy(model)(x), model(x))
+
+
+def test_a_collapse_through_depthwise_convolutions_is_named_with_what_works() -> None:
+    """EfficientNet-B0's depthwise kernels, standardised over their 9 taps alone, sum to zero: the stream falls
+    below 0.5x by the second stage (at 128 pixels too), and the report says why and names the methods that work."""
+    _needs("timm")
+    _, report = _adapt(timm_model("efficientnet_b0"), _x())
+    assert min(s.ratio for s in report.stream) < 0.05, report.stream
+    why = [w for w in report.warnings if "depthwise" in w]
+    assert len(why) == 1 and "16 standardised convolutions" in why[0] and "'rezero'" in why[0], report.warnings
+    _, resnet = _adapt(timm_model("resnet18"), _x())
+    assert not any("depthwise" in w for w in resnet.warnings)

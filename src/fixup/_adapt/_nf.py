@@ -338,6 +338,15 @@ def adapt_nf(model: nn.Module, args: tuple[Tensor, ...], rec: Recording, analysi
         report.stream_input_rms, report.stream = signal.input_rms, signal.stages
         report.warnings += [f"the stream leaves [0.5, 2]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
                             "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
+        depthwise = [n for n, m in model.named_modules() if isinstance(m, ScaledStdConv2d) and m.groups > 1
+                     and m.groups == m.in_channels]
+        if depthwise and any(s.ratio < 0.5 for s in signal.stages):
+            report.warnings.append(
+                f"the stream falls below 0.5x, and {len(depthwise)} standardised convolutions are depthwise (one input "
+                f"channel each, e.g. {depthwise[0]!r}): standardised over its own taps alone, each kernel sums to zero "
+                "and passes only what varies inside its window, a small part of a smooth map, so the stream shrinks "
+                "at every such layer. NF-ResNets define grouped convolutions of many channels per group; "
+                "method='fixup', 'skipinit' or 'rezero' keep these layers as drawn")
     was = model.training
     model.eval()
     try:
