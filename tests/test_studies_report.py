@@ -203,6 +203,26 @@ def test_translation_gap_refutes_the_claim_only_after_the_trained_budget():
         assert row.verdict == verdict and (updates == 1800 or "at dropout 0.3" in row.why)
 
 
+def test_a_match_near_the_generated_tasks_ceiling_resolves_nothing():
+    from fixup.studies import translation
+
+    quick = make_grid("quick")
+    trained = replace(quick, translation=replace(quick.translation, max_updates=600, max_tokens=2048))
+
+    def row(fixup: float, layernorm: float):
+        recs = [_tr_record(m, 0.1, s, bleu + 0.1 * s, 1.0) for s in range(5)
+                for m, bleu in (("fixup", fixup), ("layernorm", layernorm))]
+        return translation.claims(translation.summarise(recs, trained), trained)[0]
+
+    near = row(98.6, 98.2)  # level, 1.2 BLEU below 100: the ceiling could hide any gap
+    assert near.verdict == UNRESOLVED and "1.2 BLEU below the generated task's ceiling" in near.why
+    assert "1.2 BLEU below the task's ceiling" in near.ours
+    assert row(68.6, 68.2).verdict == DIRECTION  # the same match with room
+    assert row(89.5, 89.7).verdict == DIRECTION  # means 89.7 and 89.9: 10.1 below the ceiling, room by the rule
+    assert row(89.8, 89.9).verdict == UNRESOLVED  # 9.9 below
+    assert row(93.0, 98.0).verdict == NOT_REPRODUCED  # a gap beyond the margin shows even at the ceiling
+
+
 def test_a_study_keeps_its_finished_cells_checkpoints_when_asked(tmp_path):
     from fixup.cli import main
 
