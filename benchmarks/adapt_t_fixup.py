@@ -1,6 +1,6 @@
 """A Hugging Face GPT-2 (tiny config) on a generated copy task, as written (LayerNorm) and adapted by
 ``fixup.adapt(..., method=)`` ``fixup``, ``t_fixup`` and ``dyt`` (alpha0 0.5, ``"fitted"``, 4, 16 or 50): the same
-model, data, steps and optimiser for all.
+model, data, steps and optimiser for all. ``--model bert`` runs a BERT-like encoder on the same task instead.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds 0 1 2
 
@@ -11,6 +11,10 @@ same for every form), batch 64, the global gradient norm clipped at 1 (the engin
 fixes the initialisation, the adapt draws and the batches; the copy accuracy is measured on 1,024 held-out sequences
 (a fixed seed) after the last step. A run whose loss is not finite stops and is reported as failed. Writes
 benchmarks/results/adapt_t_fixup.json (config, summary, every run).
+
+``--model bert``: a Hugging Face ``BertForTokenClassification`` of the same size (4 layers, width 64, 4 heads,
+feed-forward 256, dropout 0, one token type) sees the sequence with the copied half replaced by a mask token and
+predicts, at each masked position, the token it hides: the same copy read bidirectionally, scored the same way.
 
 ``--lrs R1 R2 ...`` gives each form its own rate: the search seeds (``--search-seeds``) train at every rate and are
 scored on 1,024 validation sequences drawn apart from the test set; the best rate by validation accuracy (ties to
@@ -45,6 +49,8 @@ DEFAULT_FORMS = ("layernorm", "fixup", "t_fixup", "dyt")  # the table of docs/me
 K, SYMBOLS, SEP = 8, 16, 1  # copied tokens, their alphabet (ids 2..17), the separator's id
 TEST_SEED, VALIDATION_SEED = 99, 98  # the held-out sequences' generators: the test set and the rate search's
 VOCAB = SYMBOLS + 2
+MASK = VOCAB  # --model bert: the id that hides each copied token (its inputs' vocabulary is VOCAB + 1)
+MODELS = ("gpt2", "bert")
 
 
 def batch(n: int, generator: torch.Generator) -> torch.Tensor:
@@ -53,54 +59,69 @@ def batch(n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.cat([first, torch.full((n, 1), SEP), first], dim=1)
 
 
-def build(seed: int) -> nn.Module:
+def build(seed: int, model: str = "gpt2") -> nn.Module:
     import transformers
 
     torch.manual_seed(seed)
+    if model == "bert":
+        return transformers.BertForTokenClassification(transformers.BertConfig(
+            vocab_size=VOCAB + 1, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=32, type_vocab_size=1,
+            num_labels=VOCAB))
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=64, n_layer=4, n_head=4,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=SEP,
                                      eos_token_id=SEP)
     return transformers.GPT2LMHeadModel(config)
 
 
-def form_model(form: str, seed: int) -> nn.Module:
-    model = build(seed)
+def masked(ids: torch.Tensor) -> torch.Tensor:
+    """--model bert's input: the copied half hidden behind MASK."""
+    out = ids.clone()
+    out[:, K + 1:] = MASK
+    return out
+
+
+def form_model(form: str, seed: int, model: str = "gpt2") -> nn.Module:
+    net = build(seed, model)
     if form == "layernorm":
-        return model
+        return net
+    example = batch(2, torch.Generator().manual_seed(seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fixup.FixupWarning)  # Fixup unties lm_head from wte, and says so
-        adapted, _ = fixup.adapt(model, batch(2, torch.Generator().manual_seed(seed)), **FORM_OPTIONS[form],
+        adapted, _ = fixup.adapt(net, masked(example) if model == "bert" else example, **FORM_OPTIONS[form],
                                  generator=torch.Generator().manual_seed(seed))
     return adapted
 
 
-def copy_loss(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy and accuracy of the predictions of the copied half (positions K .. 2K - 1 predict K + 1 ..)."""
-    logits = model(ids).logits[:, K:-1]
+def copy_loss(net: nn.Module, ids: torch.Tensor, model: str = "gpt2") -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy and accuracy of the predictions of the copied half (GPT-2: positions K .. 2K - 1 predict
+    K + 1 ..; BERT: each masked position predicts the token it hides)."""
+    logits = net(masked(ids)).logits[:, K + 1:] if model == "bert" else net(ids).logits[:, K:-1]
     target = ids[:, K + 1:]
     loss = F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
     return loss, (logits.argmax(-1) == target).float().mean()
 
 
-def run(form: str, seed: int, steps: int, lr: float, held_out: int = TEST_SEED) -> dict[str, object]:
+def run(form: str, seed: int, steps: int, lr: float, held_out: int = TEST_SEED, model: str = "gpt2"
+        ) -> dict[str, object]:
     start = time.time()
-    model = form_model(form, seed)
-    opt = torch.optim.Adam(fixup.param_groups(model, lr=lr), lr=lr)
+    net = form_model(form, seed, model)
+    opt = torch.optim.Adam(fixup.param_groups(net, lr=lr), lr=lr)
     data = torch.Generator().manual_seed(1000 + seed)
-    model.train()
+    net.train()
     status, failed_at, loss = "completed", None, torch.tensor(float("nan"))
     for step in range(steps):
-        loss, _ = copy_loss(model, batch(64, data))
+        loss, _ = copy_loss(net, batch(64, data), model)
         if not math.isfinite(loss.item()):
             status, failed_at = "failed (loss not finite)", step
             break
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
-    model.eval()
+    net.eval()
     with torch.no_grad():
-        test_loss, acc = copy_loss(model, batch(1024, torch.Generator().manual_seed(held_out)))
+        test_loss, acc = copy_loss(net, batch(1024, torch.Generator().manual_seed(held_out)), model)
     return {"form": form, "seed": seed, "lr": lr, "status": status, "failed_at": failed_at, "train_loss": loss.item(),
             "test_loss": test_loss.item(), "copy_acc": acc.item() if status == "completed" else None,
             "seconds": round(time.time() - start, 1)}
@@ -120,7 +141,7 @@ def search_rate(form: str, args: argparse.Namespace) -> tuple[float, list[dict[s
     runs: list[dict[str, object]] = []
 
     def at(lr: float) -> list[dict[str, object]]:
-        done = [run(form, seed, args.steps, lr, VALIDATION_SEED) | {"split": "validation"}
+        done = [run(form, seed, args.steps, lr, VALIDATION_SEED, args.model) | {"split": "validation"}
                 for seed in args.search_seeds]
         runs.extend(done)
         return done
@@ -143,6 +164,8 @@ def command(args: argparse.Namespace) -> str:
     """The command that reruns these runs."""
     text = "OMP_NUM_THREADS=1 PYTHONPATH=src:tests python benchmarks/adapt_t_fixup.py --seeds " + " ".join(
         map(str, args.seeds))
+    if args.model != "gpt2":
+        text += f" --model {args.model}"
     if args.steps != 1000:
         text += f" --steps {args.steps}"
     if args.lrs:
@@ -161,6 +184,8 @@ def command(args: argparse.Namespace) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=MODELS, default="gpt2",
+                   help="gpt2: GPT2LMHeadModel predicting the copy; bert: BertForTokenClassification reading it masked")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3, help="the rate of every form (without --lrs)")
     p.add_argument("--lrs", type=float, nargs="+", default=None, help="search each form's rate over these")
@@ -179,7 +204,7 @@ def main() -> None:
         for form in args.forms:
             rates[form], tried = search_rate(form, args)
             search.extend(tried)
-    runs = [run(form, seed, args.steps, rates[form]) for seed in args.seeds for form in args.forms]
+    runs = [run(form, seed, args.steps, rates[form], model=args.model) for seed in args.seeds for form in args.forms]
     summary = {}
     for form in args.forms:
         done = [r["copy_acc"] for r in runs if r["form"] == form and r["status"] == "completed"]
@@ -190,7 +215,9 @@ def main() -> None:
             summary[form]["validation"] = {f"{lr:g}": [r["copy_acc"] for r in search
                                                         if r["form"] == form and r["lr"] == lr]
                                            for lr in sorted({r["lr"] for r in search if r["form"] == form})}
-    config = {"model": "GPT2LMHeadModel (4 layers, width 64, 4 heads, dropout 0)", "task": f"copy {K} of {SYMBOLS}",
+    config = {"model": "BertForTokenClassification (4 layers, width 64, 4 heads, feed-forward 256, dropout 0), the "
+                       "copied half masked" if args.model == "bert" else
+                       "GPT2LMHeadModel (4 layers, width 64, 4 heads, dropout 0)", "task": f"copy {K} of {SYMBOLS}",
               "steps": args.steps, "batch": 64, "optimiser": "Adam over fixup.param_groups",
               "lr": args.lrs if args.lrs else args.lr, "search_seeds": args.search_seeds if args.lrs else None,
               "schedule": "constant, no warm-up", "clip": 1.0, "seeds": args.seeds, "threads": 1,

@@ -25,7 +25,7 @@ def _fake_run(accuracy):
     """A stand-in for ``run``: the accuracy is a function of the rate; records where each run was scored."""
     calls = []
 
-    def run(form, seed, steps, lr, held_out=None):
+    def run(form, seed, steps, lr, held_out=None, model="gpt2"):
         calls.append((lr, held_out))
         acc = accuracy(lr)
         return {"form": form, "seed": seed, "lr": lr, "status": "completed" if acc is not None else "failed",
@@ -34,7 +34,7 @@ def _fake_run(accuracy):
 
 
 def _args(lrs, extend=2):
-    return argparse.Namespace(lrs=lrs, search_seeds=[0, 1], steps=10, extend=extend)
+    return argparse.Namespace(lrs=lrs, search_seeds=[0, 1], steps=10, extend=extend, model="gpt2")
 
 
 def test_an_interior_best_is_chosen_on_the_validation_sequences_only(bench, monkeypatch) -> None:
@@ -65,3 +65,15 @@ def test_no_extension_with_extend_zero(bench, monkeypatch) -> None:
     run, calls = _fake_run(lambda lr: lr)
     monkeypatch.setattr(bench, "run", run)
     assert bench.search_rate("fixup", _args([0.1, 0.2], extend=0))[0] == 0.2 and len(calls) == 4
+
+
+def test_the_bert_copy_hides_exactly_the_copied_half_and_every_form_trains(bench) -> None:
+    import torch
+
+    pytest.importorskip("transformers")
+    ids = bench.batch(3, torch.Generator().manual_seed(0))
+    seen = bench.masked(ids)
+    assert (seen[:, bench.K + 1:] == bench.MASK).all() and torch.equal(seen[:, :bench.K + 1], ids[:, :bench.K + 1])
+    for form in ("layernorm", "fixup", "t_fixup", "dyt_fitted"):
+        r = bench.run(form, 0, 2, 1e-3, bench.VALIDATION_SEED, model="bert")
+        assert r["status"] == "completed" and 0.0 <= r["copy_acc"] <= 1.0, r
