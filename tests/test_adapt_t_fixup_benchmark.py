@@ -71,6 +71,7 @@ def test_the_bert_copy_hides_exactly_the_copied_half_and_every_form_trains(bench
     import torch
 
     pytest.importorskip("transformers")
+    bench._install_torchvision_shim()  # transformers imports torchvision where it is installed
     ids = bench.batch(3, torch.Generator().manual_seed(0))
     seen = bench.masked(ids)
     assert (seen[:, bench.K + 1:] == bench.MASK).all() and torch.equal(seen[:, :bench.K + 1], ids[:, :bench.K + 1])
