@@ -243,8 +243,9 @@ def test_refusals_name_the_cause_and_the_fix() -> None:
         fixup.adapt(_WithAct(nn.PReLU()), _x(), method="nf_resnet")
     with pytest.raises(fixup.AdaptError, match="found no residual sum"):
         fixup.adapt(_Plain(), _x(), method="nf_resnet")
-    with pytest.raises(fixup.AdaptError, match=r"(?s)a branch of linear layers: NF-ResNets standardise "
-                                               r"convolutions.*method='fixup'"):
+    with pytest.raises(fixup.AdaptError, match=r"(?s)1 of its 1 residual branches is not convolutional \(1 branch "
+                                               r"of linear layers; .*NF-ResNets standardise convolutions.*"
+                                               r"method='fixup'"):
         fixup.adapt(_MLP(), torch.randn(2, 16), method="nf_resnet")
 
 

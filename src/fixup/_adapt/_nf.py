@@ -55,8 +55,8 @@ from ._rewrite import Rewriter
 
 __all__ = ["adapt_nf"]
 
-_NO_NF = ("Use method='fixup', 'skipinit' or 'rezero' (or 'dyt' for LayerNorm models), which adapt any residual "
-          "network")
+_NO_NF = ("Use method='fixup', 'skipinit' or 'rezero', which adapt any residual network (a Transformer also takes "
+          "'t_fixup', or 'dyt' in its LayerNorms' place)")
 
 
 @dataclass
@@ -115,12 +115,20 @@ class _NFRewrite:
     def check(self) -> None:
         """Refuse what has no NF form, before anything changes."""
         problems = []
+        foreign = [(r, self.rw._kind(r)) for r in self.residuals]
+        foreign = [(r, "attention" if kind == "attention" else "linear") for r, kind in foreign
+                   if kind in ("attention", "mlp", "linear")]
+        if foreign:
+            counts = {k: sum(kind == k for _, kind in foreign) for k in ("attention", "linear")}
+            names = {"attention": ("attention branch", "attention branches"),
+                     "linear": ("branch of linear layers", "branches of linear layers")}
+            what = " and ".join(f"{n} {names[k][n > 1]}" for k, n in counts.items() if n)
+            r = foreign[0][0]
+            problems.append(f"{len(foreign)} of its {len(self.residuals)} residual branches "
+                            f"{'is' if len(foreign) == 1 else 'are'} not convolutional "
+                            f"({what}; the first summed at {r.add.name!r} in {r.block or 'the root'}): NF-ResNets "
+                            "standardise convolutions and define no other branch")
         for r in self.residuals:
-            kind = self.rw._kind(r)
-            if kind in ("attention", "mlp", "linear"):
-                problems.append(f"the branch summed at {r.add.name!r} in {r.block or 'the root'} is "
-                                f"{'an attention branch' if kind == 'attention' else 'a branch of linear layers'}: "
-                                "NF-ResNets standardise convolutions and define no other branch")
             outer = [o for o in self.residuals if o is not r and r.add in o.data]
             if outer:
                 problems.append(f"the residual sum {r.add.name!r} lies inside the branch of {outer[0].add.name!r}; "
