@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
@@ -55,6 +56,7 @@ from ._rewrite import Rewriter
 
 __all__ = ["adapt_nf"]
 
+SE_GAIN = 2.0  # the squeeze-excite output's factor, 1 / the gate's mean at initialisation (0.5): the authors' own
 _NO_NF = ("Use method='fixup', 'skipinit' or 'rezero', which adapt any residual network (a Transformer also takes "
           "'t_fixup', or 'dyt' in its LayerNorms' place)")
 
@@ -161,6 +163,31 @@ class _NFRewrite:
                 f", groups {mod.groups}" if mod.groups > 1 else "")
             self.report.standardised.append(f"{path}: Conv2d({shape}) -> ScaledStdConv2d, gain 1"
                                             + (", bias added" if mod.bias is None else ""))
+
+    def gates(self) -> None:
+        """Each squeeze-excite output times 2, before whatever reads it: a gate (a sigmoid or hard sigmoid of a
+        zero-mean signal) is 0.5 on average at initialisation, and nothing after it restores the scale once the norm
+        that followed it is gone. The NF-Nets authors' blocks scale their squeeze-excite output by 2 for the same
+        reason. Without it each gated block on the stream's path halves it (timm's EfficientNet-B0: 8e-5x after
+        its seventh stage; with it, 1.0-1.5x at 128 and 224 pixels)."""
+        for g in self.graph.nodes:
+            if not T.is_gate(g, self.modules):
+                continue
+            for product in self._gate_output(g):
+                readers = [u for u in product.users if product in self._reads(u)]
+                if not readers or not all(self._once(u) for u in readers):
+                    self.report.warnings.append(
+                        f"the squeeze-excite output {product.name!r} keeps its mean of about 0.5x: it is not read by "
+                        "modules called once, where adapt puts the authors' factor 2")
+                    continue
+                for u in readers:
+                    self.factors.add(u, product, SE_GAIN, "squeeze-excite x2")
+                self.report.gates.append(f"{product.name} (the gate {g.name}): x{SE_GAIN:g} on the input of "
+                                         + ", ".join(str(u.target) for u in readers))
+
+    def _gate_output(self, g: fx.Node) -> list[fx.Node]:
+        """The products of the gate ``g`` with the signal it was computed from."""
+        return [p for p in g.users if any(s is not g and self.anc.has(g, s) for s in p.all_input_nodes)]
 
     def activations(self) -> None:
         """Each activation times its gamma, where it applies (see the module's docstring)."""
@@ -310,6 +337,7 @@ def _rewrite(nf: _NFRewrite) -> list[nn.Module]:
     nf.report.norms_replaced = nf.rw.norms
     nf.standardise()
     nf.activations()
+    nf.gates()
     transitions = [r.shortcut_kind == "projection" for r in nf.residuals]
     stds = expected_stds(transitions, nf.alpha)
     declared: dict[str, list[Branch]] = {}
@@ -320,6 +348,30 @@ def _rewrite(nf: _NFRewrite) -> list[nn.Module]:
     classifier = nf.rw.classifier(nf.an.classifier, bias=False)
     nf.rw.declare(declared, classifier)
     return classifier
+
+
+def _small_maps(model: nn.Module, args: tuple[Tensor, ...]) -> list[tuple[str, str, str]]:
+    """The standardised convolutions whose input map is smaller than their kernel on ``args``: (path, kernel, map)."""
+    seen: list[tuple[str, str, str]] = []
+
+    def hook(name: str, mod: ScaledStdConv2d) -> Any:
+        def check(_m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+            (kh, kw), (h, w) = mod.kernel_size, inputs[0].shape[-2:]
+            if h < kh or w < kw:
+                seen.append((name, f"{kh}x{kw}", f"{h}x{w}"))
+        return check
+
+    handles = [m.register_forward_pre_hook(hook(n, m)) for n, m in model.named_modules()
+               if isinstance(m, ScaledStdConv2d)]
+    was = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(*args)
+    finally:
+        model.train(was)
+        for h in handles:
+            h.remove()
+    return seen
 
 
 def adapt_nf(model: nn.Module, args: tuple[Tensor, ...], rec: Recording, analysis: Analysis, method: Method, *,
@@ -346,15 +398,15 @@ def adapt_nf(model: nn.Module, args: tuple[Tensor, ...], rec: Recording, analysi
         report.stream_input_rms, report.stream = signal.input_rms, signal.stages
         report.warnings += [f"the stream leaves [0.5, 2]x the input's RMS at {s.name!r} ({s.ratio:.3g}x) at "
                             "initialisation; see fixup.lab.stream_signal" for s in signal.outside()]
-        depthwise = [n for n, m in model.named_modules() if isinstance(m, ScaledStdConv2d) and m.groups > 1
-                     and m.groups == m.in_channels]
-        if depthwise and any(s.ratio < 0.5 for s in signal.stages):
+        small = _small_maps(model, args) if any(s.ratio < 0.5 for s in signal.stages) else []
+        if small:
+            name, kernel, size = small[0]
             report.warnings.append(
-                f"the stream falls below 0.5x, and {len(depthwise)} standardised convolutions are depthwise (one input "
-                f"channel each, e.g. {depthwise[0]!r}): standardised over its own taps alone, each kernel sums to zero "
-                "and passes only what varies inside its window, a small part of a smooth map, so the stream shrinks "
-                "at every such layer. NF-ResNets define grouped convolutions of many channels per group; "
-                "method='fixup', 'skipinit' or 'rezero' keep these layers as drawn")
+                f"the stream falls below 0.5x where the example's maps are smaller than the kernels: {len(small)} "
+                f"standardised convolutions read a map smaller than their kernel (e.g. {name!r}, {kernel} on "
+                f"{size}). A standardised kernel there sees few of its taps (one of nine for a 3x3 at 1x1), so the "
+                "stream shrinks at each; measure it at the size the model will train on (fixup.lab.stream_signal), "
+                "or train with method='fixup', 'skipinit' or 'rezero', which standardise nothing")
     was = model.training
     model.eval()
     try:

@@ -45,6 +45,7 @@ class NFAdaptReport:
     standardised: list[str] = field(default_factory=list)  # each convolution now a ScaledStdConv2d, as "path: how"
     activations: list[NFActivation] = field(default_factory=list)
     activations_kept: list[str] = field(default_factory=list)  # left as they are, each with why
+    gates: list[str] = field(default_factory=list)  # each squeeze-excite output scaled by 2, and where
     norms_replaced: list[NormChange] = field(default_factory=list)
     classifier: list[str] = field(default_factory=list)  # drawn N(0, 0.01), bias 0
     other_layers: list[str] = field(default_factory=list)  # other weight layers (squeeze-excite's), He fan-in
@@ -75,6 +76,7 @@ class NFAdaptReport:
         lines += [f"  standardised {s}" for s in self.standardised]
         lines += [f"  {a.node} ({a.type}): gamma {a.gamma:.4f} on {a.where}" for a in self.activations]
         lines += [f"  kept {a}" for a in self.activations_kept]
+        lines += [f"  squeeze-excite {g}" for g in self.gates]
         lines += [f"  {n.name}: {n.type} removed ({n.why})" for n in self.norms_replaced]
         lines.append(f"classifier {', '.join(self.classifier) or '(none)'}: N(0, 0.01), bias 0; analytic std after "
                      f"the last block {self.output_std:.4g} (skip gains at 1)")
