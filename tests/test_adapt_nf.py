@@ -301,3 +301,15 @@ def test_squeeze_excite_outputs_are_doubled_and_small_maps_are_named() -> None:
     assert min(s.ratio for s in small.stream) < 0.5 and len(why) == 1 and "'rezero'" in why[0], small.warnings
     _, resnet = _adapt(timm_model("resnet18"), _x())
     assert not resnet.gates and not any("smaller than" in w for w in resnet.warnings)
+
+
+def test_a_layer_registered_under_two_names_is_replaced_under_both() -> None:
+    """The library's own BatchNorm ResNet-18 registers each projection as ``projection`` and as ``shortcut[0]`` and
+    calls the second: both names must hold the standardised layer (before, the called one stayed a He-drawn Conv2d
+    and the stream grew to 7x by the last stage)."""
+    original = fixup.create_model("resnet18", norm="batchnorm", num_classes=10)
+    assert original.layer2[0].projection is original.layer2[0].shortcut[0]
+    model, report = _adapt(original, _x(4))
+    assert model.layer2[0].projection is model.layer2[0].shortcut[0]
+    assert all(isinstance(m, ScaledStdConv2d) for m in model.modules() if isinstance(m, nn.Conv2d))
+    assert all(0.5 <= s.ratio <= 2.0 for s in report.stream[1:]), report.stream  # stage 1: the stem's mean

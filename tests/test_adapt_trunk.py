@@ -171,6 +171,22 @@ def test_lab_signal_command_prints_both_forms_and_writes_json(tmp_path, capsys) 
     assert data["adapted (trunk none)"]["stages"][-1]["ratio"] < 0.5  # He fan-out projections shrink it
 
 
+def test_lab_signal_compares_methods_and_names_a_refusal(tmp_path, capsys) -> None:
+    from fixup.cli import main
+
+    out = tmp_path / "signal.json"
+    assert main(["lab", "signal", "resnet18", "--method", "rezero,nf_resnet,dyt", "--input-shape", "4,3,32,32",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "adapted (rezero)" in text and "adapted (nf_resnet)" in text and "dyt: refused (" in text
+    data = json.loads(out.read_text())
+    assert set(data) == {"model", "normalised", "adapted (rezero)", "adapted (nf_resnet)"}
+    assert all(0.5 <= s["ratio"] <= 2 for s in data["adapted (rezero)"]["stages"])
+    assert all(0.5 <= s["ratio"] <= 2 for s in data["adapted (nf_resnet)"]["stages"][1:])
+    assert main(["lab", "signal", "resnet18", "--method", "dyt", "--input-shape", "4,3,32,32"]) != 0
+    assert "every method refused resnet18" in capsys.readouterr().err
+
+
 def test_parameter_free_shortcuts_are_outside_any_trunk_rule_and_say_so() -> None:
     """A CIFAR ResNet's option-A shortcut (subsample, zero channels) halves the stream's second moment at each
     stage; it has no weight layer to rescale, so the report warns instead of hiding it."""

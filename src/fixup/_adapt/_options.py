@@ -104,6 +104,12 @@ def check_options(method: str, trunk: str, gate_biases: bool, mode: str | None, 
     return Chosen(chosen, given)
 
 
+def takes_trunk(method: str) -> bool:
+    """Whether adapt's ``trunk`` rule applies under ``method`` (Fixup and the gated methods; not DyT, the NF form or
+    T-Fixup, which set no trunk layer by a rule of their own)."""
+    return adapted_method(method).adapt not in _FIXED
+
+
 # What the methods that take none of the initialiser's options do instead (Method.adapt -> the sentence).
 _FIXED = {
     "dyt": "puts a DyT in place of each LayerNorm and changes nothing else (no weight drawn, no branch or trunk)",

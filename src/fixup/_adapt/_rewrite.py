@@ -62,9 +62,17 @@ class Rewriter:
 
     # --- helpers ---
     def _set(self, path: str, new: nn.Module) -> None:
+        """Put ``new`` at ``path``, and wherever else the model holds the module that was there: a block that
+        registers one layer under two names (a ``projection`` that is also ``shortcut[0]``) calls it by either."""
+        old = self.modules.get(path)
         parent, _, leaf = path.rpartition(".")
         setattr(self.modules[parent] if parent else self.model, leaf, new)
         self.modules[path] = new
+        if old is not None:
+            for owner in self.model.modules():
+                for name, child in list(owner.named_children()):
+                    if child is old:
+                        setattr(owner, name, new)
 
     def _attach(self, module: nn.Module, path: str, stem: str, new: nn.Module) -> str:
         """Register ``new`` as a child of ``module`` named ``stem`` (``stem_2``, ... if taken); return the name."""

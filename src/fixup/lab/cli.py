@@ -151,6 +151,8 @@ def _stream(args: argparse.Namespace) -> int:
 
 
 def _signal(args: argparse.Namespace) -> int:
+    from .._adapt import AdaptError
+    from .._adapt._options import takes_trunk
     from ..external import example_inputs, load_factory
     from ..models import create_model
     from .signal import compare_signal
@@ -167,10 +169,21 @@ def _signal(args: argparse.Namespace) -> int:
     if args.input_shape or example is None:
         example = example_inputs(args.input_shape or ["8,3,32,32"], args.token_inputs)
     forms: dict[str, Any] = {}
-    for rule in args.trunk:
-        result = compare_signal(model, example, trunk=rule)
-        forms.setdefault("normalised", result["normalised"])
-        forms[f"adapted (trunk {rule})"] = result["adapted"]
+    refused: dict[str, str] = {}
+    for method in args.method:
+        for rule in args.trunk if takes_trunk(method) else [None]:
+            label = ", ".join(x for x in (method if len(args.method) > 1 else "",
+                                          f"trunk {rule}" if rule and (len(args.trunk) > 1 or len(args.method) == 1)
+                                          else "") if x)
+            try:
+                result = compare_signal(model, example, method=method, **({"trunk": rule} if rule else {}))
+            except AdaptError as err:
+                refused[method] = str(err).splitlines()[0]
+                break
+            forms.setdefault("normalised", result["normalised"])
+            forms[f"adapted ({label})" if label else "adapted"] = result["adapted"]
+    if not forms:
+        raise ValueError(f"every method refused {args.model}: " + "; ".join(f"{m}: {w}" for m, w in refused.items()))
     ref = next(iter(forms.values()))
     print(f"{args.model}: the stream's RMS at initialisation, x the input's ({ref.input_rms:.3g}), "
           f"one batch of {tuple(example[0].shape)}")
@@ -183,6 +196,8 @@ def _signal(args: argparse.Namespace) -> int:
         out = sig.outside()
         if out and form != "normalised":
             print(f"{form}: outside [0.5, 2]x at {', '.join(r.name for r in out)}")
+    for method, why in refused.items():
+        print(f"{method}: refused ({why})")
     from . import plots
     return _finish(args, {"model": args.model, **{f: s.to_dict() for f, s in forms.items()}},
                    lambda p: plots.plot_signal(forms, p))
@@ -373,6 +388,9 @@ def _add_signal(labsub: argparse._SubParsersAction) -> None:
                                  "path/to/file.py:FACTORY returning any model (or model, example input)")
     p.add_argument("--trunk", type=_names, default=["lsuv"],
                    help="comma-separated trunk rules of fixup.adapt to compare (lsuv, fan_in, none; default lsuv)")
+    p.add_argument("--method", type=_names, default=["fixup"],
+                   help="comma-separated methods of fixup.adapt to compare (fixup, skipinit, rezero, nf_resnet, "
+                        "nf_resnet_nozero, dyt, t_fixup; default fixup); the trunk rules apply to those that take one")
     p.add_argument("--input-shape", action="append", metavar="SHAPE",
                    help="the example batch's shape (default 8,3,32,32; repeat for several inputs)")
     p.add_argument("--token-inputs", type=int, default=0, metavar="VOCAB",
