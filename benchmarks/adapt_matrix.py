@@ -33,8 +33,9 @@ METHODS: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "nf_resnet": ({"method": "nf_resnet"}, ("adapt_training_nf_resnet_zoo.json",
                                             "adapt_training_nf_resnet_norm.json")),
     "nf_resnet_nozero": ({"method": "nf_resnet_nozero"}, ("adapt_training_nf_resnet_nozero_norm.json",)),
-    "dyt": ({"method": "dyt"}, ("adapt_training_dyt.json",)),
-    "dyt, alpha0 fitted": ({"method": "dyt", "alpha0": "fitted"}, ("adapt_training_dyt_fitted.json",)),
+    "dyt": ({"method": "dyt"}, ("adapt_training_dyt.json", "adapt_training_dyt_mobilevit.json")),
+    "dyt, alpha0 fitted": ({"method": "dyt", "alpha0": "fitted"}, ("adapt_training_dyt_fitted.json",
+                                                                   "adapt_training_dyt_fitted_mobilevit.json")),
 }
 WITHIN, FLOOR = 5.0, 0.5  # the targets: points of the normalised mean; the lowest seed where normalised reaches it
 
