@@ -54,6 +54,15 @@ def test_the_further_row_is_judged_against_layernorm_by_the_claims_rule(t_fixup:
     assert "| T-Fixup |" in markdown(summary, grid)
 
 
+@pytest.mark.parametrize(("level", "decides"), [(95.0, False), (60.0, True)])
+def test_a_further_rows_match_near_the_ceiling_is_not_a_match(level: float, decides: bool) -> None:
+    grid = _grid()  # a generated task: its ceiling is 100 BLEU
+    bleu = [level, level + 0.2]
+    row = claims(summarise(_records({"fixup": bleu, "layernorm": bleu, "t_fixup": bleu}), grid), grid)[0]
+    further = row.ours.split("further row: T-Fixup")[1]
+    assert "within 1 BLEU" in further and ("cannot decide here" not in further) == decides
+
+
 def test_a_failed_t_fixup_seed_counts_as_failed_and_a_grid_without_it_has_no_further_row() -> None:
     grid = _grid()
     summary = summarise(_records({"fixup": [90.0, 90.2], "layernorm": [90.1, 90.3], "t_fixup": [90.0, None]}), grid)

@@ -47,6 +47,12 @@ class Rewriter:
     def __init__(self, model: nn.Module, graph: fx.Graph, analysis: Analysis, calls: dict[str, int]) -> None:
         self.model, self.graph, self.an, self.calls = model, graph, analysis, calls
         self.modules: dict[str, nn.Module] = dict(model.named_modules())
+        # every place the model registers each module (owner, attribute), aliases included; kept as modules change
+        self.holders: dict[nn.Module, list[tuple[nn.Module, str]]] = {}
+        for owner in model.modules():
+            for name, child in owner._modules.items():
+                if child is not None:
+                    self.holders.setdefault(child, []).append((owner, name))
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.bias_of: dict[fx.Node, Bias] = {}     # node whose output now carries this scalar bias
         self.shared: dict[fx.Node, Bias] = {}      # bias created for a source node (Q, K and V share it)
@@ -64,15 +70,16 @@ class Rewriter:
     def _set(self, path: str, new: nn.Module) -> None:
         """Put ``new`` at ``path``, and wherever else the model holds the module that was there: a block that
         registers one layer under two names (a ``projection`` that is also ``shortcut[0]``) calls it by either."""
-        old = self.modules.get(path)
         parent, _, leaf = path.rpartition(".")
-        setattr(self.modules[parent] if parent else self.model, leaf, new)
+        old = self.modules.get(path)
+        holders = self.holders.pop(old, []) if old is not None else []
+        here = (self.modules[parent] if parent else self.model, leaf)
+        if not any(o is here[0] and n == leaf for o, n in holders):
+            holders.append(here)
+        for owner, name in holders:
+            setattr(owner, name, new)
+        self.holders.setdefault(new, []).extend(holders)
         self.modules[path] = new
-        if old is not None:
-            for owner in self.model.modules():
-                for name, child in list(owner.named_children()):
-                    if child is old:
-                        setattr(owner, name, new)
 
     def _attach(self, module: nn.Module, path: str, stem: str, new: nn.Module) -> str:
         """Register ``new`` as a child of ``module`` named ``stem`` (``stem_2``, ... if taken); return the name."""
