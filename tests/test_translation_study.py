@@ -119,8 +119,9 @@ def test_the_hard_task_grid_searches_low_dropouts_with_every_transformer_method(
     g = grid.translation
     assert g.extra["synthetic_task"] == "hard" and g.max_updates == 7200 and g.seeds == 5
     assert g.dropouts == (0.1, 0.2, 0.3) and set(g.methods) == {"fixup", "layernorm", "t_fixup", "dyt"}
-    tasks = translation.plan(grid, Store(tmp_path)).tasks
-    assert len(tasks) == 4 * 3 * 5
+    first = translation.plan(grid, Store(tmp_path))
+    tasks = first.tasks  # the search on seed 0; seeds 1-4 wait for each method's chosen dropout
+    assert len(tasks) == 4 * 3 and {t.cell.seed for t in tasks} == {0} and first.waiting == 4 * 4
     for t in tasks:
         config = translation_config(**t.cell.config["train"])
         assert config.extra["synthetic_task"] == "hard" and config.max_updates == 7200
@@ -160,3 +161,37 @@ def test_a_cell_trains_on_the_hard_task(tmp_path):
 
     written = json.loads((tmp_path / "cell" / "data" / "task.json").read_text())["config"]  # what the cell generated
     assert written["nouns"] == synthetic_task("hard").nouns != synthetic_task("quick").nouns
+
+
+def test_a_search_on_seed_0_plans_the_other_seeds_at_each_methods_chosen_dropout(tmp_path):
+    """search_seeds=1: every dropout on seed 0, then seeds 1.. at the dropout of lowest validation NLL, per method;
+    a method whose search has not finished keeps its other seeds waiting, and the summary chooses as the plan did."""
+    grid = make_grid("deep", translation_task="hard")
+    grid = replace(grid, translation=replace(grid.translation, methods=("fixup", "layernorm"), seeds=3))
+    store = Store(tmp_path)
+    nll = {("fixup", 0.1): 2.0, ("fixup", 0.2): 1.5, ("fixup", 0.3): 1.8, ("layernorm", 0.1): 1.0,
+           ("layernorm", 0.2): None, ("layernorm", 0.3): 1.2}  # LayerNorm at 0.2 diverged
+    for task in translation.plan(grid, store).tasks:
+        c = task.cell
+        if c.method == "layernorm" and c.setting["dropout"] == 0.3:
+            continue  # LayerNorm's search has not finished
+        v = nll[c.method, c.setting["dropout"]]
+        store.start(c)
+        store.finish(c, {"outcome": "completed" if v else "diverged", "diverged": v is None, "valid_nll": v,
+                         "test_bleu": 50.0 if v else None, "copy_bleu": 0.0, "word_for_word_bleu": 3.0}, 1.0)
+    p = translation.plan(grid, store)
+    todo = [(t.cell.method, t.cell.setting["dropout"], t.cell.seed) for t in p.tasks if not store.load(t.cell)]
+    assert todo == [("layernorm", 0.3, 0), ("fixup", 0.2, 1), ("fixup", 0.2, 2)] and p.waiting == 2
+    c = next(t.cell for t in p.tasks if t.cell.method == "layernorm" and t.cell.setting["dropout"] == 0.3)
+    store.start(c)
+    store.finish(c, {"outcome": "completed", "diverged": False, "valid_nll": 1.2, "test_bleu": 50.0,
+                     "copy_bleu": 0.0, "word_for_word_bleu": 3.0}, 1.0)
+    p = translation.plan(grid, store)
+    assert p.waiting == 0 and [(t.cell.method, t.cell.setting["dropout"]) for t in p.tasks if t.cell.seed > 0] == \
+        [("fixup", 0.2), ("layernorm", 0.1)] * 2
+    summary = translation.summarise(store.records("translation"), grid)
+    assert {m: e["dropout"] for m, e in summary["chosen"].items()} == {"fixup": 0.2, "layernorm": 0.1}
+    assert summary["table"]["fixup"]["0.1"]["test_bleu"]["planned"] == 1  # an unchosen dropout: its search seed
+    assert summary["table"]["fixup"]["0.2"]["test_bleu"]["planned"] == 3
+    assert "dropout chosen on validation NLL of seed 0 (the other seeds at the chosen dropout)" in \
+        translation.claims(summary, grid)[0].ours

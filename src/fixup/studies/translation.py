@@ -60,27 +60,66 @@ def _finite(v: Any) -> float | None:
 
 
 def plan(grid: Grid, store: Store) -> Plan:
-    from ..train.recipe import warmup_options
-
     g = grid.translation
+    n, search = _seeds(grid), _search_seeds(grid)
+    # where the search runs on fewer seeds than the rest, the other seeds wait for it to choose each method's dropout
+    chosen: dict[str, float | None] = {}
+    waiting = 0
+    if search < n:
+        for method in g.methods:
+            found = [store.load(_cell(grid, method, d, s)) for d in g.dropouts for s in range(search)]
+            if all(found):
+                chosen[method] = _choose(_by_dropout([r for r in found if r is not None], search), search)
+            else:
+                waiting += n - search
     tasks = []
     # the claim's two systems first, then the further rows (T-Fixup); each seed by seed: a run taken in plan order
     # (the deep tier's, hours long) reaches the claim's n as early as it can, every dropout at n=1 before any at n=2
     claim = [m for m in g.methods if m in CLAIM_METHODS]
     for methods in (claim, [m for m in g.methods if m not in CLAIM_METHODS]):
-        for seed, method, dropout in ((s, m, d) for s in range(_seeds(grid)) for m in methods for d in g.dropouts):
-            extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
-            # T-Fixup has no warm-up: it decays from the first step, with the others' warm-up length as its period
-            train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed,
-                     "device": grid.device, "max_updates": g.max_updates,
-                     **warmup_options(as_method(method), g.warmup_steps), "lr": g.lr, "checkpoint": True,
-                     "extra": extra}
-            if g.data_dir:
-                train["data_dir"] = g.data_dir
-            cell = Cell("translation", method, {"dropout": dropout}, seed, cost=g.cost_per_cell,
-                        config={"train": train, "beam": g.beam})
-            tasks.append(Task(cell, run_cell))
-    return Plan(tasks)
+        for seed, method, dropout in ((s, m, d) for s in range(n) for m in methods for d in g.dropouts):
+            if seed < search or chosen.get(method) == dropout:
+                tasks.append(Task(_cell(grid, method, dropout, seed), run_cell))
+    return Plan(tasks, waiting)
+
+
+def _cell(grid: Grid, method: str, dropout: float, seed: int) -> Cell:
+    from ..train.recipe import warmup_options
+
+    g = grid.translation
+    extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
+    # T-Fixup has no warm-up: it decays from the first step, with the others' warm-up length as its period
+    train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed, "device": grid.device,
+             "max_updates": g.max_updates, **warmup_options(as_method(method), g.warmup_steps), "lr": g.lr,
+             "checkpoint": True, "extra": extra}
+    if g.data_dir:
+        train["data_dir"] = g.data_dir
+    return Cell("translation", method, {"dropout": dropout}, seed, cost=g.cost_per_cell,
+                config={"train": train, "beam": g.beam})
+
+
+def _search_seeds(grid: Grid) -> int:
+    """Seeds that train at every dropout: the grid's search_seeds where it sets fewer than its seeds (and searches
+    more than one dropout), else every seed."""
+    n, search = _seeds(grid), grid.translation.search_seeds
+    return search if 0 < search < n and len(grid.translation.dropouts) > 1 else n
+
+
+def _by_dropout(records: list[dict[str, Any]], search: int) -> dict[float, list[dict[str, Any]]]:
+    """The search seeds' results of one method, by dropout."""
+    out: dict[float, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["seed"] < search:
+            out.setdefault(r["setting"]["dropout"], []).append(r["result"])
+    return out
+
+
+def _choose(results: dict[float, list[dict[str, Any]]], search: int) -> float | None:
+    """The dropout of lowest mean validation NLL over the search seeds (never test data); None where none has one
+    (every search cell failed)."""
+    nll = {d: cells_from_results(rs, search, lambda r: r.get("valid_nll")).stat.mean for d, rs in results.items()}
+    valid = {d: v for d, v in nll.items() if v is not None}
+    return min(valid, key=lambda d: valid[d]) if valid else None
 
 
 def _method_args(method: str) -> dict[str, str]:
@@ -117,8 +156,12 @@ WIDE_SPREAD_BLEU = 5.0
 def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     reference: dict[str, float | None] = {}
-    planned = _seeds(grid)
-    for (method, dropout), recs in group_records(records, "method", "dropout").items():
+    n, search = _seeds(grid), _search_seeds(grid)
+    groups = group_records(records, "method", "dropout")
+    choice = {m: _choose(_by_dropout([r for (m2, _), recs in groups.items() if m2 == m for r in recs], search),
+                         search) for m in {m for m, _ in groups}}
+    for (method, dropout), recs in groups.items():
+        planned = n if search == n or dropout == choice[method] else search  # an unchosen dropout: its search seeds
         results = [r["result"] for r in recs]
         bleu = cells_from_results(results, planned, lambda r: r.get("test_bleu"))
         table.setdefault(method, {})[str(dropout)] = {
@@ -129,13 +172,8 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             "distribution": _distribution(bleu), "curve": _curves(results, planned)}
         first = results[0]
         reference = {"copy_bleu": first.get("copy_bleu"), "word_for_word_bleu": first.get("word_for_word_bleu")}
-    chosen = {}
-    for method, row in table.items():
-        valid = {d: e["valid_nll"]["mean"] for d, e in row.items() if e["valid_nll"]["mean"] is not None}
-        if valid:
-            d = min(valid, key=lambda k: valid[k])
-            chosen[method] = {"dropout": float(d), **row[d]}
-    return {"table": table, "chosen": chosen, "reference": reference, "planned_seeds": planned,
+    chosen = {m: {"dropout": float(d), **table[m][str(d)]} for m, d in choice.items() if d is not None}
+    return {"table": table, "chosen": chosen, "reference": reference, "planned_seeds": n, "search_seeds": search,
             "scale": _protocol(grid).describe()}
 
 
@@ -271,7 +309,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
         dropout = (f"dropout searched over {', '.join(f'{d:g}' for d in grid.translation.dropouts)} on validation "
                    f"NLL, not yet chosen for {' and '.join(unchosen)} (no finished cell)")
     else:
-        dropout = f"dropout chosen on validation NLL: Fixup {fxe['dropout']:g}, LayerNorm {lne['dropout']:g}"
+        dropout = (f"dropout chosen on validation NLL{_search_text(grid)}: Fixup {fxe['dropout']:g}, LayerNorm "
+                   f"{lne['dropout']:g}")
     unfinished = [name for name, c in (("Fixup", fx), ("LayerNorm", ln)) if c.stat.mean is None]
     if learned:
         difference = f"LayerNorm - Fixup {difference_text(gap, ci)}"
@@ -290,6 +329,15 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
                             f"LayerNorm's BLEU minus Fixup's lies below {EQUIVALENCE_BLEU:g} point, with the same "
                             "dropout chosen for both where dropout is searched; on a generated task, the better "
                             f"system at least {HEADROOM_BLEU:g} BLEU below its ceiling")]
+
+
+def _search_text(grid: Grid) -> str:
+    """Which seeds chose the dropout, where not every seed trains at every dropout ("" where all do)."""
+    search = _search_seeds(grid)
+    if search == _seeds(grid):
+        return ""
+    return " of seed 0 (the other seeds at the chosen dropout)" if search == 1 else \
+        f" of seeds 0-{search - 1} (the other seeds at the chosen dropout)"
 
 
 def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) -> str:
@@ -322,7 +370,8 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
     ref = summary["reference"]
     refs = ", ".join(f"{k.replace('_bleu', '').replace('_', '-')} {v:.2f}" for k, v in ref.items() if v is not None)
     lines = [f"Test BLEU (sacrebleu), mean ± std (n of planned; failed cells named) per dropout ({summary['scale']}); "
-             f"**bold**: the dropout chosen on validation NLL. Where the seeds span more than {WIDE_SPREAD_BLEU:g} "
+             f"**bold**: the dropout chosen on validation NLL{_search_text(grid)}. Where the seeds span more than "
+             f"{WIDE_SPREAD_BLEU:g} "
              "BLEU, every seed's value and the median are given. Reference points on the same test set: "
              f"{refs or 'none'}. Paper (IWSLT De-En): {paper.IWSLT_DE_EN['layernorm'].format()} LayerNorm, "
              f"{paper.IWSLT_DE_EN['fixup'].format()} Fixup, dropout {paper.IWSLT_DE_EN['dropout'].format()} for both.",
