@@ -35,30 +35,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import fixup
-from adapt_zoo import ZOO, import_timm, timm_model
+from adapt_zoo import ZOO, as_inputs, import_timm, timm_model, trained_statistics_
 from fixup.data.images import load_images
 
 OPTIONS = ("affine", "dyt")
 TRAINED = ("resnet18 (torchvision ResNet)", "vit_tiny_patch16_224", "convnext_atto")
-
-
-def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
-    return x if isinstance(x, tuple) else (x,)
-
-
-@torch.no_grad()
-def trained_statistics_(model: nn.Module, seed: int = 0) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            c = m.num_features
-            m.running_mean.copy_(torch.randn(c, generator=g) * 0.3)
-            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            m.num_batches_tracked.fill_(1000)
-            if m.affine:
-                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(c, generator=g) * 0.3)
-    return model
 
 
 def _like(example: tuple[torch.Tensor, ...], n: int, seed: int) -> tuple[torch.Tensor, ...]:

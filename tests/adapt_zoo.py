@@ -183,3 +183,23 @@ ZOO: dict[str, Entry] = {
         "torch", "Transformer", lambda: nn.Transformer(32, 4, 1, 1, 64, batch_first=True, norm_first=True),
         lambda: (torch.randn(2, 5, 32), torch.randn(2, 4, 32)), {"attention": (3, 4), "mlp": (2, 2)}),
 }
+
+
+def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+@torch.no_grad()
+def trained_statistics_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BatchNorm statistics and an affine as training would: not the identity a fresh one nearly is."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            c = m.num_features
+            m.running_mean.copy_(torch.randn(c, generator=g) * 0.3)
+            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+            m.num_batches_tracked.fill_(1000)
+            if m.affine:
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(c, generator=g) * 0.3)
+    return model

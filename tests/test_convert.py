@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fixup
-from adapt_zoo import ZOO
+from adapt_zoo import ZOO, as_inputs, trained_statistics_
 from fixup import (
     Bias,
     ConvertError,
@@ -42,26 +42,6 @@ _NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 BN_MODELS = [n for n, e in ZOO.items() if e.family in ("ResNet", "RegNet", "MobileNet", "EfficientNet")]
 
 
-def as_inputs(x: object) -> tuple[torch.Tensor, ...]:
-    return x if isinstance(x, tuple) else (x,)
-
-
-@torch.no_grad()
-def _trained_statistics_(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Give every BatchNorm statistics and an affine as training would: not the identity a fresh one nearly is."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            c = m.num_features
-            m.running_mean.copy_(torch.randn(c, generator=g) * 0.3)
-            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            m.num_batches_tracked.fill_(1000)
-            if m.affine:
-                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(c, generator=g) * 0.3)
-    return model
-
-
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest |a - b| over the RMS of a."""
     return float((a.double() - b.double()).abs().max() / a.double().pow(2).mean().sqrt())
@@ -78,7 +58,7 @@ def test_zoo_batchnorm_models_keep_their_function(name: str, one_thread: None) -
     entry = ZOO[name]
     _needs(entry.needs)
     torch.manual_seed(0)
-    original = _trained_statistics_(entry.build()).eval()
+    original = trained_statistics_(entry.build()).eval()
     assert any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in original.modules())
     before = {k: v.clone() for k, v in original.state_dict().items()}
     example = as_inputs(entry.example())
@@ -106,7 +86,7 @@ def test_zoo_batchnorm_models_keep_their_function(name: str, one_thread: None) -
 
 
 def test_gated_methods_start_their_gates_at_one(one_thread: None) -> None:
-    original = _trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval()
+    original = trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval()
     x = torch.randn(2, 3, 32, 32)
     model, report = convert(original, x, method="rezero")
     assert not any(m.training for m in model.modules())  # the added modules too take the model's mode
@@ -137,7 +117,7 @@ class PreAct(nn.Module):
 
 
 def test_norms_feeding_two_branches_or_after_an_add_convert_exactly(one_thread: None) -> None:
-    original = _trained_statistics_(PreAct()).eval()
+    original = trained_statistics_(PreAct()).eval()
     model, report = convert(original, torch.randn(2, 3, 16, 16))
     fates = {f.name: f.fate for f in report.norms}
     assert fates == {"bn1": "folded", "bn2": "folded", "bn3": "affine"}
@@ -172,7 +152,7 @@ class Odd(nn.Module):
 
 
 def test_shared_tied_and_unfoldable_norms_are_named_and_exact(one_thread: None) -> None:
-    original = _trained_statistics_(Odd()).eval()
+    original = trained_statistics_(Odd()).eval()
     with pytest.warns(SharedNormWarning) as caught:
         model, report = convert(original, torch.randn(2, 3, 8, 8))
     text = " ".join(str(w.message) for w in caught)
@@ -188,7 +168,7 @@ def test_shared_tied_and_unfoldable_norms_are_named_and_exact(one_thread: None) 
 
 
 def test_train_mode_is_a_named_warning_and_the_eval_function_is_kept(one_thread: None) -> None:
-    original = _trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8))  # train mode, as constructed
+    original = trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8))  # train mode, as constructed
     with pytest.warns(TrainModeWarning, match="eval"):
         model, report = convert(original, torch.randn(2, 3, 32, 32))
     assert model.training and original.training  # modes kept, the original's too
@@ -225,7 +205,7 @@ def test_refusals_name_the_layer_and_the_fix(one_thread: None) -> None:
     rms = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))
     with pytest.raises(ConvertError, match=r"RMSNorm.*does not know"):
         convert(rms.eval(), torch.randn(2, 8))
-    half = _trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval().to(torch.bfloat16)
+    half = trained_statistics_(ResNet(BasicBlock, [1, 1, 1, 1], width=8)).eval().to(torch.bfloat16)
     with pytest.raises(ConvertError, match=r"bfloat16.*convert the float32 model"):
         convert(half, torch.randn(2, 3, 32, 32, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="per_example_norms must be one of"):
@@ -278,7 +258,7 @@ def test_the_fits_are_fits() -> None:
 
 def test_saved_models_load_with_weights_only(tmp_path, one_thread: None) -> None:
     build = functools.partial(ResNet, BasicBlock, [1, 1, 1, 1], width=8)
-    original = _trained_statistics_(build()).eval()
+    original = trained_statistics_(build()).eval()
     model, report = convert(original, torch.randn(2, 3, 32, 32))
     with torch.no_grad():  # as if fine-tuned: the scalars moved
         for m in model.modules():
@@ -348,7 +328,7 @@ def test_opacus_computes_per_example_gradients_of_every_parameter(one_thread: No
         from opacus.validators import ModuleValidator
     except ImportError as err:  # not installed, or torchvision (which it imports) fails to
         pytest.skip(f"opacus does not import here ({err})")
-    original = _trained_statistics_(PreAct()).eval()
+    original = trained_statistics_(PreAct()).eval()
     assert ModuleValidator.validate(original.train(), strict=False)  # BatchNorm: refused
     model, _ = convert(original.eval(), torch.randn(2, 3, 16, 16))
     model.train()
@@ -407,9 +387,9 @@ def test_frozen_batchnorm_becomes_its_frozen_affine(one_thread: None) -> None:
         pytest.skip(f"torchvision does not import here ({err})")
     model = ResNet(BasicBlock, [1, 1, 1, 1], width=8)
     frozen = FrozenBatchNorm2d(8)
-    frozen.load_state_dict(_trained_statistics_(nn.Sequential(nn.BatchNorm2d(8)))[0].state_dict(), strict=False)
+    frozen.load_state_dict(trained_statistics_(nn.Sequential(nn.BatchNorm2d(8)))[0].state_dict(), strict=False)
     model.bn1 = frozen
-    model = _trained_statistics_(model).eval()
+    model = trained_statistics_(model).eval()
     converted, report = convert(model, torch.randn(2, 3, 32, 32))
     fate = next(f for f in report.norms if f.name == "bn1")
     assert fate.fate == "affine" and fate.exact and "frozen" in fate.why
