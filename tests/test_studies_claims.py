@@ -128,6 +128,19 @@ def test_rule5_a_stated_limit_of_the_setting_cannot_be_resolved():
     assert j.verdict == UNRESOLVED and j.why == "at 32 layers rule 2's factor is mild"
 
 
+@pytest.mark.parametrize(("effect", "paper_effect", "named"), [
+    (0.006, "", "the paper's effect 0.006"), (None, "a 0.3-point match", "the paper's effect: a 0.3-point match"),
+    (None, "", "the paper gives no effect size")])
+def test_rule5_a_limited_row_names_what_its_setting_detects_and_the_papers_effect(effect, paper_effect, named):
+    groups = {"Fixup": C(0.9, 0.91), "BatchNorm": C(0.92, 0.93)}
+    ci = ci_halfwidth(groups["Fixup"], groups["BatchNorm"])
+    j = judge(groups, holds=False, paper_scale=False, effect=effect, ci=ci, limit="3 epochs",
+              paper_effect=paper_effect)
+    assert j.verdict == UNRESOLVED and j.why.startswith("3 epochs; ")
+    assert f"detects a difference beyond its 95% interval (±{ci:.3g})" in j.why and j.why.endswith(named)
+    assert judge(groups, holds=False, paper_scale=False, ci=ci, limit="3 epochs", sizes=False).why == "3 epochs"
+
+
 def test_rule3_a_claim_that_holds_names_what_its_stated_limit_left_untested():
     groups = {"Fixup": C(0.72, 0.63, 0.53), "BatchNorm": C(0.10, 0.11, 0.22)}
     j = judge(groups, holds=True, paper_scale=False, limit="BatchNorm itself does not learn")

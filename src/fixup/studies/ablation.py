@@ -156,7 +156,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
             limit = (f"at {g.depth} layers rule 2's factor is mild; the claim concerns extremely deep networks "
                      f"(>= {DEEP} layers here: the deep tier's rows, fixup study ablation --deep)")
         j = judge({"Fixup": fx, LABELS[method]: ab}, holds=holds, contrary=contrary, paper_scale=paper_scale,
-                  ci=ci_halfwidth(ab, fx), must_succeed=("Fixup",), limit=limit)
+                  ci=ci_halfwidth(ab, fx), must_succeed=("Fixup",), limit=limit, sizes=False)
         j = _detectable(j, cid, kind, "first-epoch" if kind == "slower" else "final", fx, ab, limit)
         rows.append(ClaimRow.judged(cid, ours, proto, j, f"holds if the ablation {rule} than Fixup (beyond the 95% "
                                                           "interval of the difference); the paper gives no size"))

@@ -122,7 +122,7 @@ def _fmt(x: float) -> str:
 
 def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect: float | None = None,
           ci: float | None = None, contrary: bool = False, must_succeed: Sequence[str] = (),
-          limit: str = "") -> Judgement:
+          limit: str = "", paper_effect: str = "", sizes: bool = True) -> Judgement:
     """The verdict of a claim from the cells it compares (the module docstring's rules 1-5, in order).
 
     Args:
@@ -135,6 +135,10 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
         must_succeed: labels of groups the claim says train (a failed cell among them refutes it).
         limit: why this setting cannot show the claim failing, in a few words ("" if it can); named beside a
             verdict that holds too, as what the setting left untested.
+        paper_effect: the paper's effect in words, for a claim whose effect is no single size (a match); named
+            with ``ci`` beside a limit.
+        sizes: beside a limit, name the difference this setting can detect (``ci``) and the paper's effect; off for
+            a caller that names them itself.
     """
     missing = [f"{label} has no finished cell" for label, c in groups.items() if c.present == 0]
     if missing:
@@ -154,7 +158,7 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
         why = "the comparison holds with every seed"
         return Judgement(REPRODUCED if paper_scale else DIRECTION, f"{why}; but {limit}" if limit else why)
     if limit:
-        return Judgement(UNRESOLVED, limit)
+        return Judgement(UNRESOLVED, limit + (_sizes(ci, effect, paper_effect) if sizes else ""))
     ci = math.inf if ci is None else ci
     if effect is None:
         if contrary:
@@ -166,6 +170,16 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
                                          f"interval (±{_fmt(ci)}), yet it does not show")
     return Judgement(UNRESOLVED, f"the paper's effect ({_fmt(abs(effect))}) is within this setting's 95% interval "
                                  f"(±{_fmt(ci)})")
+
+
+def _sizes(ci: float | None, effect: float | None, paper_effect: str) -> str:
+    """What a row left unresolved by its setting could still have detected, beside the paper's effect ("" where the
+    row compares no two figures)."""
+    if ci is None:
+        return ""
+    paper = (f"the paper's effect {_fmt(abs(effect))}" if effect is not None else
+             f"the paper's effect: {paper_effect}" if paper_effect else "the paper gives no effect size")
+    return f"; this setting detects a difference beyond its 95% interval (±{_fmt(ci)}); {paper}"
 
 
 def clearly_above(a: Cells, b: Cells) -> bool:

@@ -337,13 +337,19 @@ def _claim_wrn(ctx: _ClaimContext) -> ClaimRow:
     diff = (fxr.stat.mean - bnr.stat.mean) if fxr.stat.mean is not None and bnr.stat.mean is not None else math.nan
     paper_wrn = grid.data == "cifar10" and g.wrn_depth >= 28 and g.wrn_width >= 10 and g.wrn_epochs >= 200
     j = judge({"Fixup": fxr, "BatchNorm": bnr}, holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE,
-              paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",), limit=_wrn_limit(summary, grid))
+              paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",), limit=_wrn_limit(summary, grid),
+              paper_effect=_PAPER_WRN_GAP)
     return ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
                            f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference "
                            f"{difference_text(diff, ci, points)}",
                            _protocol(grid, "fixup", "mixup+cutout", wrn=True), j,
                            f"holds if the 95% interval of Fixup's error minus BatchNorm's lies below "
                            f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)")
+
+
+_WRN_FX, _WRN_BN = paper.WRN_CIFAR10_REG["fixup"], paper.WRN_CIFAR10_REG["batchnorm"]
+_PAPER_WRN_GAP = (f"Fixup - BatchNorm {(_WRN_FX.value - _WRN_BN.value) / 100:+.3g} ({_WRN_FX.format()} vs "
+                  f"{_WRN_BN.format()} on CIFAR-10), on par")
 
 
 def _wrn_limit(summary: dict[str, Any], grid: Grid) -> str:
