@@ -159,8 +159,8 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     reference: dict[str, float | None] = {}
     n, search = _seeds(grid), _search_seeds(grid)
     groups = group_records(records, "method", "dropout")
-    choice = {m: _choose(_by_dropout([r for (m2, _), recs in groups.items() if m2 == m for r in recs], search),
-                         search) for m in dict.fromkeys(m for m, _ in groups)}  # in the records' order
+    choice = {m: _choose(_by_dropout([r for r in records if r["method"] == m], search), search)
+              for m in dict.fromkeys(m for m, _ in groups)}  # in the records' order
     for (method, dropout), recs in groups.items():
         planned = n if search == n or dropout == choice[method] else search  # an unchosen dropout: its search seeds
         results = [r["result"] for r in recs]
