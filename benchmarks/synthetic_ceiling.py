@@ -14,7 +14,7 @@ from typing import Any
 
 import sacrebleu
 
-from fixup.data.synthetic_translation import SYNTHETIC_TASKS, synthetic_task, write_synthetic_task
+from fixup.data.synthetic_translation import SYNTHETIC_TASKS, seen_word_oracle, synthetic_task, write_synthetic_task
 
 
 def ceiling(task: str = "hard", **changes: Any) -> dict[str, Any]:
@@ -22,12 +22,10 @@ def ceiling(task: str = "hard", **changes: Any) -> dict[str, Any]:
     words never seen in training, and the BLEU of the reference with those words replaced."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_synthetic_task(tmp, synthetic_task(task, **changes))
-        words = {w.rstrip(".") for line in (folder / "train.tgt").read_text().splitlines() for w in line.split()}
+        train = (folder / "train.tgt").read_text().splitlines()
         refs = (folder / "test.tgt").read_text().splitlines()
-    hyps = [" ".join(w if w.rstrip(".") in words else "UNSEEN" for w in line.split()) for line in refs]
-    total = sum(len(line.split()) for line in refs)
-    unseen = sum(w.rstrip(".") not in words for line in refs for w in line.split())
-    return {"task": task, "changes": changes, "unseen_target_words": unseen / total,
+    hyps, unseen = seen_word_oracle(train, refs)
+    return {"task": task, "changes": changes, "unseen_target_words": unseen,
             "ceiling_bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
 
 

@@ -223,6 +223,28 @@ def test_a_match_near_the_generated_tasks_ceiling_resolves_nothing():
     assert row(93.0, 98.0).verdict == NOT_REPRODUCED  # a gap beyond the margin shows even at the ceiling
 
 
+def test_the_headroom_is_measured_from_the_ceiling_the_cells_recorded():
+    from fixup.studies import translation
+
+    quick = make_grid("quick")
+    trained = replace(quick, translation=replace(quick.translation, max_updates=600, max_tokens=2048))
+
+    def row(ceiling: float | None):
+        recs = [_tr_record(m, 0.1, s, bleu + 0.1 * s, 1.0) for s in range(5)
+                for m, bleu in (("fixup", 85.6), ("layernorm", 85.5))]
+        for r in recs:
+            r["result"]["ceiling_bleu"] = ceiling
+        summary = translation.summarise(recs, trained)
+        assert summary["ceiling_bleu"] == ceiling
+        return translation.claims(summary, trained)[0], translation.markdown(summary, trained)
+
+    match, _ = row(None)  # older cells: read against 100, 14.2 below
+    assert match.verdict == DIRECTION
+    near, text = row(92.0)  # test words never seen in training cap this task at 92: 6.2 below
+    assert near.verdict == UNRESOLVED and "6.2 BLEU below the generated task's ceiling (92)" in near.why
+    assert "the task's ceiling (every word seen in training translated) 92.00" in text
+
+
 def test_a_study_keeps_its_finished_cells_checkpoints_when_asked(tmp_path):
     from fixup.cli import main
 

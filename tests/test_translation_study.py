@@ -157,6 +157,7 @@ def test_a_cell_trains_on_the_hard_task(tmp_path):
     task = next(t for t in translation.plan(grid, Store(tmp_path / "store")).tasks if t.cell.method == "fixup")
     result = translation.run_cell(task.cell, tmp_path / "cell")
     assert result["test_bleu"] is not None and result["word_for_word_bleu"] is not None
+    assert 0 < result["ceiling_bleu"] <= 100  # the task's own ceiling, recorded with the cell
     from fixup.data.synthetic_translation import synthetic_task
 
     written = json.loads((tmp_path / "cell" / "data" / "task.json").read_text())["config"]  # what the cell generated

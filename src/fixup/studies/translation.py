@@ -46,6 +46,7 @@ def run_cell(cell: Cell, work: Path) -> dict[str, Any]:
             "test_bleu": None if diverged else summary["bleu"]["bleu"],
             "valid_nll": None if diverged else _finite(final.get("test_nll")),
             "copy_bleu": summary.get("copy_bleu"), "word_for_word_bleu": summary.get("word_for_word_bleu"),
+            "ceiling_bleu": summary.get("ceiling_bleu"),
             "bleu_signature": summary["bleu"]["signature"], "curve": _curve_of(summary["history"])}
 
 
@@ -144,9 +145,11 @@ TRAINED_TOKENS_HIGH_DROPOUT = 1800 * 2048  # at a dropout above 0.1
 # validation BLEU rose by at most this much over the last quarter of its updates (our choice: the claim's own
 # margin, EQUIVALENCE_BLEU).
 PLATEAU_RISE_BLEU = 1.0
-# A generated task's BLEU ends at 100. Where the better system is within this many points of it, a "match" may be
-# the ceiling's doing: the verdict is then "cannot be resolved" unless a gap shows anyway (our choice: issue 39's
-# target, ten times the claim's margin).
+# A generated task's BLEU ends at 100, or lower where test words never occur in training: the cells record that
+# ceiling (the BLEU of translating every word seen in training, fixup.translation.run.baselines); cells written
+# before they did are read against 100. Where the better system is within this many points of the ceiling, a
+# "match" may be the ceiling's doing: the verdict is then "cannot be resolved" unless a gap shows anyway (our
+# choice: issue 39's target, ten times the claim's margin).
 CEILING_BLEU = 100.0
 HEADROOM_BLEU = 10.0
 # Seeds disagree "widely" when their BLEU spans more than this: the report then gives every seed's value.
@@ -157,6 +160,7 @@ _PAPER_GAP = paper.IWSLT_DE_EN["layernorm"].value - paper.IWSLT_DE_EN["fixup"].v
 def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     reference: dict[str, float | None] = {}
+    ceiling: float | None = None
     n, search = _seeds(grid), _search_seeds(grid)
     groups = group_records(records, "method", "dropout")
     choice = {m: _choose(_by_dropout([r for r in records if r["method"] == m], search), search)
@@ -173,8 +177,10 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
             "distribution": _distribution(bleu), "curve": _curves(results, planned)}
         first = results[0]
         reference = {"copy_bleu": first.get("copy_bleu"), "word_for_word_bleu": first.get("word_for_word_bleu")}
+        ceiling = first.get("ceiling_bleu") or ceiling
     chosen = {m: {"dropout": float(d), **table[m][str(d)]} for m, d in choice.items() if d is not None}
-    return {"table": table, "chosen": chosen, "reference": reference, "planned_seeds": n, "search_seeds": search,
+    return {"table": table, "chosen": chosen, "reference": reference, "ceiling_bleu": ceiling, "planned_seeds": n,
+            "search_seeds": search,
             "scale": _protocol(grid).describe()}
 
 
@@ -266,15 +272,20 @@ def _still_rising(summary: dict[str, Any]) -> str:
     return "; ".join(texts) + (": not at its plateau, and the claim concerns trained systems" if texts else "")
 
 
-def _no_headroom(grid: Grid, fx: Cells, ln: Cells) -> str:
+def _ceiling(summary: dict[str, Any]) -> float:
+    """The generated task's ceiling as the cells measured it (CEILING_BLEU where they did not)."""
+    return summary.get("ceiling_bleu") or CEILING_BLEU
+
+
+def _no_headroom(grid: Grid, fx: Cells, ln: Cells, ceiling: float) -> str:
     """Why a match on a generated task says nothing ("" where it can): the better system within HEADROOM_BLEU of
-    the ceiling, where every system that learns the task ends near 100 whatever its normalisation."""
+    the ceiling, where every system that learns the task ends near it whatever its normalisation."""
     if grid.translation.data_dir or fx.stat.mean is None or ln.stat.mean is None:
         return ""
-    room = CEILING_BLEU - max(fx.stat.mean, ln.stat.mean)
+    room = ceiling - max(fx.stat.mean, ln.stat.mean)
     if room >= HEADROOM_BLEU:
         return ""
-    return (f"the better system ends {room:.1f} BLEU below the generated task's ceiling ({CEILING_BLEU:g}), within "
+    return (f"the better system ends {room:.1f} BLEU below the generated task's ceiling ({ceiling:.4g}), within "
             f"{HEADROOM_BLEU:g}: there a match may be the ceiling's, not the method's (the hard task, "
             "--translation-task hard, leaves room)")
 
@@ -295,7 +306,7 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     same = fxe is not None and lne is not None and fxe["dropout"] == lne["dropout"]
     holds = learned and gap + ci < EQUIVALENCE_BLEU and (same or not searched)
     contrary = learned and gap - ci > EQUIVALENCE_BLEU
-    headroom = _no_headroom(grid, fx, ln) if learned and not contrary else ""
+    headroom = _no_headroom(grid, fx, ln, _ceiling(summary)) if learned and not contrary else ""
     limit = (_training_limit(grid, summary) or headroom) if learned else \
         f"a system does not beat the copy / word-for-word reference BLEU ({floor:.2f})"
     j = judge({"Fixup": fx, "LayerNorm": ln}, holds=holds and not headroom, contrary=contrary,
@@ -317,8 +328,8 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
     if learned:
         difference = f"LayerNorm - Fixup {difference_text(gap, ci)}"
         if not grid.translation.data_dir:
-            difference += (f" (the better {CEILING_BLEU - max(fx.stat.mean, ln.stat.mean):.1f} BLEU below the task's "
-                           "ceiling)")
+            difference += (f" (the better {_ceiling(summary) - max(fx.stat.mean, ln.stat.mean):.1f} BLEU below the "
+                           f"task's ceiling, {_ceiling(summary):.4g})")
     elif unfinished:
         difference = f"no difference: {' and '.join(unfinished)} {'has' if len(unfinished) == 1 else 'have'} no " \
                      "finished cell"
@@ -360,7 +371,7 @@ def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) 
         verdict = ("within" if gap + ci < EQUIVALENCE_BLEU else "beyond" if gap - ci > EQUIVALENCE_BLEU else
                    "undecided against")
         # the claim's rule whole: a match near a generated task's ceiling is the ceiling's (a gap beyond still counts)
-        headroom = _no_headroom(grid, c, ln) if verdict != "beyond" else ""
+        headroom = _no_headroom(grid, c, ln, _ceiling(summary)) if verdict != "beyond" else ""
         texts.append(f"{label} {bleu} (dropout {e['dropout']:g}): LayerNorm - {label} {difference_text(gap, ci)}, "
                      f"{verdict} {EQUIVALENCE_BLEU:g} BLEU by the same rule"
                      + (f", which cannot decide here: {headroom}" if headroom else ""))
@@ -371,6 +382,8 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
     drops = [str(d) for d in grid.translation.dropouts]
     ref = summary["reference"]
     refs = ", ".join(f"{k.replace('_bleu', '').replace('_', '-')} {v:.2f}" for k, v in ref.items() if v is not None)
+    if summary.get("ceiling_bleu"):
+        refs += f"; the task's ceiling (every word seen in training translated) {summary['ceiling_bleu']:.2f}"
     lines = [f"Test BLEU (sacrebleu), mean ± std (n of planned; failed cells named) per dropout ({summary['scale']}); "
              f"**bold**: the dropout chosen on validation NLL{_search_text(grid)}. Where the seeds span more than "
              f"{WIDE_SPREAD_BLEU:g} "

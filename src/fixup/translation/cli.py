@@ -75,6 +75,9 @@ def _translate(args: argparse.Namespace) -> int:
     base = f"copy-the-source BLEU {summary['copy_bleu']:.2f}"
     if "word_for_word_bleu" in summary:
         base += f", word-for-word dictionary BLEU {summary['word_for_word_bleu']:.2f}"
+    if "ceiling_bleu" in summary:
+        base += (f"; the task's ceiling {summary['ceiling_bleu']:.2f} (every word seen in training translated, "
+                 f"{100 * summary['unseen_target_words']:.1f}% of the reference's words never seen)")
     print(base)
     print(f"run folder: {out_dir} (hypotheses in {summary['split']}.hyp, summary in translation.json)")
     if args.json:

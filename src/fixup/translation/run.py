@@ -16,7 +16,7 @@ import torch
 
 from .._io import write_json, write_text
 from .._signals import Interrupted
-from ..data.synthetic_translation import make_lexicon, word_for_word
+from ..data.synthetic_translation import make_lexicon, seen_word_oracle, word_for_word
 from .averaging import average_checkpoints
 from .evaluate import DecodeConfig, corpus_bleu, evaluate_bleu
 from .task import TranslationTask
@@ -28,12 +28,17 @@ __all__ = ["baselines", "train_and_evaluate"]
 
 
 def baselines(task: TranslationTask, split: str = "test") -> dict[str, float]:
-    """BLEU of copying the source and, on the generated task, of a word-for-word dictionary."""
+    """BLEU of copying the source and, on the generated task, of a word-for-word dictionary, and the task's
+    ceiling: the BLEU of a learner that translates every word of the training targets and no other
+    (:func:`~fixup.data.synthetic_translation.seen_word_oracle`), with the share of reference words it misses."""
     refs, sources = task.data.references[split], task.data.sources[split]
     out = {"copy_bleu": corpus_bleu(sources, refs).bleu}
     if not task.config.data_dir:
         lex = make_lexicon(task.options.synthetic_config())
         out["word_for_word_bleu"] = corpus_bleu([word_for_word(s, lex) for s in sources], refs).bleu
+        train = (task.data_dir / "train.tgt").read_text(encoding="utf-8").splitlines()
+        oracle, unseen = seen_word_oracle(train, refs)
+        out["ceiling_bleu"], out["unseen_target_words"] = corpus_bleu(oracle, refs).bleu, unseen
     return out
 
 
