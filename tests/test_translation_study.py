@@ -133,6 +133,29 @@ def test_the_hard_task_grid_searches_low_dropouts_with_every_transformer_method(
         make_grid("deep", translation_task="iwslt")
 
 
+def test_the_5k_task_is_the_hard_one_with_fewer_pairs_in_its_own_folder(tmp_path):
+    """hard_5k: the hard task's grammar and vocabulary, 5,000 training pairs; its deep grid is the hard one's but for
+    the pairs and the budget: the same cells by name, each with another config (a store refuses to mix them)."""
+    from fixup.cli import build_parser
+    from fixup.studies.grid import TRANSLATION_TASKS
+
+    hard, small = (make_grid("deep", translation_task=t).translation for t in ("hard", "hard_5k"))
+    assert small.extra == {**hard.extra, "synthetic_train": 5000} and small.max_updates == 4800
+    assert (small.methods, small.dropouts, small.seeds, small.search_seeds) == \
+        (hard.methods, hard.dropouts, hard.seeds, hard.search_seeds)
+    quick = make_grid("quick", translation_task="hard_5k").translation
+    assert quick.extra["synthetic_task"] == "hard" and quick.extra["synthetic_train"] == 5000
+    assert quick.max_updates == make_grid("quick").translation.max_updates
+    cells = [{t.cell.key: t.cell.config for t in translation.plan(make_grid("deep", translation_task=t),
+                                                                   Store(tmp_path / t)).tasks}
+             for t in ("hard", "hard_5k")]
+    assert cells[0].keys() == cells[1].keys()  # the same cells by name, which a store refuses to mix: ...
+    assert all(cells[0][k] != cells[1][k] for k in cells[0])  # ... each was made with another config
+    study = build_parser()._subparsers._group_actions[0].choices["study"]
+    task = next(a for a in study._actions if a.dest == "translation_task")  # the command offers every task
+    assert tuple(task.choices) == tuple(TRANSLATION_TASKS)
+
+
 def test_on_the_hard_task_the_plateau_is_read_from_each_systems_curve():
     """No budget is known for the hard task: a claim system whose greedy validation BLEU still rose by more than a
     point over the last quarter of its updates is not trained, and the verdict says so; flat curves are judged."""

@@ -286,8 +286,8 @@ def _no_headroom(grid: Grid, fx: Cells, ln: Cells, ceiling: float) -> str:
     if room >= HEADROOM_BLEU:
         return ""
     return (f"the better system ends {room:.1f} BLEU below the generated task's ceiling ({ceiling:.4g}), within "
-            f"{HEADROOM_BLEU:g}: there a match may be the ceiling's, not the method's (the hard task, "
-            "--translation-task hard, leaves room)")
+            f"{HEADROOM_BLEU:g}: there a match may be the ceiling's, not the method's (--translation-task hard_5k "
+            "leaves room)")
 
 
 def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
