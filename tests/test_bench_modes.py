@@ -80,6 +80,7 @@ def test_modes_interleaved_in_one_run_with_per_mode_floors(monkeypatch):
     assert "bf16 x eager" in table and "0.50" in table
 
 
+@pytest.mark.slow  # 24 s on 2 cores (bf16 on a CPU); bf16 training is tested in the default run (test_train_engine)
 def test_cli_bench_bf16_side_by_side(tmp_path):
     path = tmp_path / "bench.json"
     code = main(["bench", "--families", "cifar", "transformer", "--depth", "8", "--variants", "none", "fixup", "norm",

@@ -31,7 +31,9 @@ def _model(family: str, method: str) -> nn.Module:
                                   **kwargs))
 
 
-@pytest.mark.parametrize("family", sorted(_CONV_FAMILIES))
+# one family in the default run (each compiles for seconds on 2 cores); the others with -m slow
+@pytest.mark.parametrize("family", [f if f == "cifar" else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in sorted(_CONV_FAMILIES)])
 def test_compiled_formulation_matches_eager_outputs_and_gradients(family):
     """aot_eager runs the traced, functionalised graph op by op: the same function and gradients as eager."""
     model = _model(family, "fixup")

@@ -127,6 +127,7 @@ def test_the_routes_start_from_the_trained_function_where_they_keep_it(one_threa
             assert (change < 1e-5) == same, (route, change)
 
 
+@pytest.mark.slow  # 26 s on 2 cores; the resume test below runs the benchmark's main path in the default run
 @needs_opacus
 def test_the_transfer_benchmark_smoke_mode_runs(tmp_path, one_thread) -> None:
     bench = _benchmark()
