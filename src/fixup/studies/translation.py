@@ -180,8 +180,7 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
         ceiling = first.get("ceiling_bleu") or ceiling
     chosen = {m: {"dropout": float(d), **table[m][str(d)]} for m, d in choice.items() if d is not None}
     return {"table": table, "chosen": chosen, "reference": reference, "ceiling_bleu": ceiling, "planned_seeds": n,
-            "search_seeds": search,
-            "scale": _protocol(grid).describe()}
+            "search_seeds": search, "scale": _protocol(grid).describe()}
 
 
 def _curves(results: list[dict[str, Any]], planned: int) -> list[dict[str, Any]]:
