@@ -242,6 +242,18 @@ def test_the_headroom_is_measured_from_the_ceiling_the_cells_recorded():
     assert match.verdict == DIRECTION
     near, text = row(92.0)  # test words never seen in training cap this task at 92: 6.2 below
     assert near.verdict == UNRESOLVED and "6.2 BLEU below the generated task's ceiling (92)" in near.why
+    assert "hard_5k leaves room" in near.why  # on another task, the one with room is named
+    on_5k = replace(trained, translation=replace(trained.translation, extra={
+        **trained.translation.extra, "synthetic_task": "hard", "synthetic_train": 5000}))
+    recs = [_tr_record(m, 0.1, s, 85.5 + 0.1 * s, 1.0) for s in range(5) for m in ("fixup", "layernorm")]
+    for r in recs:
+        r["result"]["ceiling_bleu"] = 92.0
+    from fixup.studies.evidence import Cells
+
+    chosen = translation.summarise(recs, on_5k)["chosen"]
+    fx, ln = (Cells.from_dict(chosen[m]["test_bleu"]) for m in ("fixup", "layernorm"))
+    there = translation._no_headroom(on_5k, fx, ln, 92.0)
+    assert "6.3 BLEU below" in there and "leaves room" not in there  # the task with room does not name itself
     assert "the task's ceiling (every word seen in training translated) 92.00" in text
 
 
