@@ -4,6 +4,7 @@ seeds in the summary, the report's table and figure, and a real cell that return
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -166,6 +167,7 @@ def test_on_the_hard_task_the_plateau_is_read_from_each_systems_curve():
     row = translation.claims(translation.summarise(done + [_record("layernorm", 0.1, s, rising) for s in range(3)],
                                                    grid), grid)[0]
     assert "LayerNorm's greedy validation BLEU still rose 3.0 from update 5,400 to 7,200" in row.why
+    assert "per doubling" not in row.why  # two points in the second half: too few to fit a pace
     assert "Fixup's greedy" not in row.why and row.verdict == "cannot be resolved at this scale"
     assert "BLEU below the task's ceiling" in row.ours  # _record's test BLEU: 90-92, so 8.0 below
     row = translation.claims(translation.summarise(done + [_record("layernorm", 0.1, s, flat) for s in range(3)],
@@ -218,3 +220,18 @@ def test_a_search_on_seed_0_plans_the_other_seeds_at_each_methods_chosen_dropout
     assert summary["table"]["fixup"]["0.2"]["test_bleu"]["planned"] == 3
     assert "dropout chosen on validation NLL of seed 0 (the other seeds at the chosen dropout)" in \
         translation.claims(summary, grid)[0].ours
+
+
+def test_a_rising_curve_names_its_pace_per_doubling_of_updates():
+    """A curve growing like log(updates) rises by the same amount over every last quarter; the verdict names that
+    pace (BLEU per doubling, fitted over the second half), which a longer budget would keep adding."""
+    grid = make_grid("deep", translation_task="hard")
+    grid = replace(grid, translation=replace(grid.translation, dropouts=(0.1,), seeds=3))
+    steps = range(300, 7201, 300)
+    log_like = [(s, 1.0, 10.0 + 8.0 * math.log2(s)) for s in steps]  # 8 BLEU per doubling, exactly
+    flat = [(s, 1.0, 60.0) for s in steps]
+    records = [_record("fixup", 0.1, s, flat) for s in range(3)] + [_record("layernorm", 0.1, s, log_like)
+                                                                     for s in range(3)]
+    row = translation.claims(translation.summarise(records, grid), grid)[0]
+    assert "LayerNorm's greedy validation BLEU still rose 3.3 from update 5,400 to 7,200, 8.0 per doubling" in row.why
+    assert row.verdict == "cannot be resolved at this scale"

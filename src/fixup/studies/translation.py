@@ -10,6 +10,7 @@ Training and decoding go through :func:`fixup.translation.run.train_and_evaluate
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -266,9 +267,22 @@ def _still_rising(summary: dict[str, Any]) -> str:
         last_step, last = curve[-1]
         before_step, before = next((c for c in reversed(curve) if c[0] <= 0.75 * last_step), curve[0])
         if last - before > PLATEAU_RISE_BLEU:
+            per_doubling = _gain_per_doubling(curve)
+            pace = "" if per_doubling is None else (f", {per_doubling:.1f} per doubling of updates over the second "
+                                                    f"half: a plateau is not in sight at this budget")
             texts.append(f"{LABELS.get(method, method)}'s greedy validation BLEU still rose {last - before:.1f} from "
-                         f"update {before_step:,} to {last_step:,}")
+                         f"update {before_step:,} to {last_step:,}{pace}")
     return "; ".join(texts) + (": not at its plateau, and the claim concerns trained systems" if texts else "")
+
+
+def _gain_per_doubling(curve: list[tuple[int, float]]) -> float | None:
+    """The least-squares slope of BLEU against log2(updates) over the second half of the updates (None with fewer
+    than 3 points there): how much a run twice as long would still add if the curve kept its pace. A curve that
+    grows like log(updates) keeps the same rise over every last quarter; this slope says how fast."""
+    half = [(math.log2(s), b) for s, b in curve if s >= curve[-1][0] / 2]
+    if len(half) < 3:
+        return None
+    return statistics.linear_regression([x for x, _ in half], [b for _, b in half]).slope
 
 
 def _ceiling(summary: dict[str, Any]) -> float:
