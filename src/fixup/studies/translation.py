@@ -268,8 +268,7 @@ def _still_rising(summary: dict[str, Any]) -> str:
         before_step, before = next((c for c in reversed(curve) if c[0] <= 0.75 * last_step), curve[0])
         if last - before > PLATEAU_RISE_BLEU:
             per_doubling = _gain_per_doubling(curve)
-            pace = "" if per_doubling is None else (f", {per_doubling:.1f} per doubling of updates over the second "
-                                                    f"half: a plateau is not in sight at this budget")
+            pace = "" if per_doubling is None else f", {per_doubling:.1f} per doubling of updates over the second half"
             texts.append(f"{LABELS.get(method, method)}'s greedy validation BLEU still rose {last - before:.1f} from "
                          f"update {before_step:,} to {last_step:,}{pace}")
     return "; ".join(texts) + (": not at its plateau, and the claim concerns trained systems" if texts else "")
