@@ -90,6 +90,10 @@ def _cell(grid: Grid, method: str, dropout: float, seed: int) -> Cell:
 
     g = grid.translation
     extra = {"max_tokens": g.max_tokens, "bleu_limit": 0, **g.extra}
+    if as_method(method).norm == "dyt":
+        # its authors' layout: DyT where a pre-norm Transformer's LayerNorms stand (post-norm DyT does not learn
+        # the tiny recipe: transformer.POST_NORM_DYT)
+        extra["pre_norm"] = True
     # T-Fixup has no warm-up: it decays from the first step, with the others' warm-up length as its period
     train = {"model": g.model, **_method_args(method), "dropout": dropout, "seed": seed, "device": grid.device,
              "max_updates": g.max_updates, **warmup_options(as_method(method), g.warmup_steps), "lr": g.lr,
