@@ -141,9 +141,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 @pytest.mark.parametrize(("folder", "study", "task"), [
-    ("deep_tier", "depth", "quick"), ("deep_translation", "translation", "quick"), ("deep_ablation", "ablation", "quick"),
-    ("deep_regularisation", "regularisation", "quick"), ("deep_translation_hard", "translation", "hard"),
-    ("deep_translation_hard_5k", "translation", "hard_5k")])
+    ("deep_tier", "depth", "quick"), ("deep_translation", "translation", "quick"),
+    ("deep_ablation", "ablation", "quick"), ("deep_regularisation", "regularisation", "quick"),
+    ("deep_translation_hard", "translation", "hard"), ("deep_translation_hard_5k", "translation", "hard_5k")])
 def test_the_committed_deep_stores_resume_under_this_code(tmp_path, folder, study, task):
     """Every committed cell is a cell the deep tier plans, with the config it would run now: a recipe change
     that would refuse the committed store on resume (ConfigMismatchError) fails here instead."""

@@ -26,7 +26,7 @@ from .store import Store
 
 __all__ = ["STUDY"]
 
-LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm", "t_fixup": "T-Fixup", "dyt": "Dynamic Tanh"}
+LABELS = {"fixup": "Fixup", "layernorm": "LayerNorm", "t_fixup": "T-Fixup", "dyt": "Dynamic Tanh (pre-norm)"}
 CLAIM_METHODS = ("fixup", "layernorm")  # the claim's two systems; any other method of the grid is a further row
 
 
