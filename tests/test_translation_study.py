@@ -198,6 +198,28 @@ def test_on_the_hard_task_the_plateau_is_read_from_each_systems_curve():
     assert "still rose" not in row.why and "plateau" not in row.why
 
 
+def test_a_further_row_short_of_its_plateau_decides_nothing_as_the_claims_own_row_does():
+    """The claim's rule whole for a further row (T-Fixup) too: where its greedy validation BLEU (or LayerNorm's)
+    still rises over the last quarter, its difference from LayerNorm is given and decides nothing."""
+    grid = make_grid("deep", translation_task="hard")
+    grid = replace(grid, translation=replace(grid.translation, dropouts=(0.1,), seeds=3))
+    flat = [(1800, 2.0, 55.0), (5400, 1.5, 60.0), (7200, 1.5, 60.5)]
+    rising = [(1800, 2.0, 40.0), (5400, 1.5, 50.0), (7200, 1.4, 53.0)]
+
+    def further_row(t_fixup: list, layernorm: list) -> str:
+        records = [_record(m, 0.1, s, curve) for m, curve in (("fixup", flat), ("layernorm", layernorm),
+                                                                ("t_fixup", t_fixup)) for s in range(3)]
+        for r in records:  # 60-62 BLEU: far below the ceiling, so that only the plateau can stop a verdict
+            r["result"]["test_bleu"] -= 30
+        return translation.claims(translation.summarise(records, grid), grid)[0].ours.split("further row: T-Fixup")[1]
+
+    text = further_row(rising, flat)
+    assert "cannot decide here: T-Fixup's greedy validation BLEU still rose 3.0 from update 5,400" in text
+    assert "LayerNorm's greedy" not in text
+    assert "cannot decide here: LayerNorm's greedy validation BLEU still rose 3.0" in further_row(flat, rising)
+    assert "cannot decide here" not in further_row(flat, flat) and "by the same rule" in further_row(flat, flat)
+
+
 def test_a_cell_trains_on_the_hard_task(tmp_path):
     grid = make_grid("tiny", translation_task="hard")
     grid = replace(grid, device="cpu", translation=replace(grid.translation, max_updates=2))

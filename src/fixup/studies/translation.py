@@ -239,12 +239,13 @@ def _bleu_text(c: Cells, dist: dict[str, Any]) -> str:
     return text
 
 
-def _training_limit(grid: Grid, summary: dict[str, Any] | None = None) -> str:
+def _training_limit(grid: Grid, summary: dict[str, Any] | None = None,
+                    methods: tuple[str, ...] = CLAIM_METHODS) -> str:
     """Why this grid's runs are too short to be judged as trained systems ("" if they are not). On the quick task
-    the budget is known (TRAINED_TOKENS); on the hard one it is read from the runs' own learning curves."""
+    the budget is known (TRAINED_TOKENS); on the hard one it is read from the learning curves of ``methods``."""
     g = grid.translation
     if _hard_task(grid):
-        return _still_rising(summary or {"chosen": {}})
+        return _still_rising(summary or {"chosen": {}}, methods)
     tokens = g.max_updates * g.max_tokens
     trained = TRAINED_TOKENS if max(g.dropouts) <= 0.1 else TRAINED_TOKENS_HIGH_DROPOUT
     if g.data_dir or tokens >= trained:
@@ -258,11 +259,11 @@ def _hard_task(grid: Grid) -> bool:
     return grid.translation.extra.get("synthetic_task", "quick") != "quick" and not grid.translation.data_dir
 
 
-def _still_rising(summary: dict[str, Any]) -> str:
-    """Whether a claim system's mean greedy validation BLEU (at its chosen dropout) still rose by more than
+def _still_rising(summary: dict[str, Any], methods: tuple[str, ...] = CLAIM_METHODS) -> str:
+    """Whether a system's mean greedy validation BLEU (at its chosen dropout) still rose by more than
     PLATEAU_RISE_BLEU over the last quarter of its updates: then it is not trained to its plateau."""
     texts = []
-    for method in CLAIM_METHODS:
+    for method in methods:
         curve = [(p["step"], p["valid_bleu"]["mean"]) for p in (summary["chosen"].get(method) or {}).get("curve", [])
                  if p["valid_bleu"]["mean"] is not None]
         if len(curve) < 2:
@@ -389,11 +390,13 @@ def _further_rows(summary: dict[str, Any], grid: Grid, ln: Cells, floor: float) 
         ci, gap = ci_halfwidth(ln, c), ln.stat.mean - c.stat.mean
         verdict = ("within" if gap + ci < EQUIVALENCE_BLEU else "beyond" if gap - ci > EQUIVALENCE_BLEU else
                    "undecided against")
-        # the claim's rule whole: a match near a generated task's ceiling is the ceiling's (a gap beyond still counts)
-        headroom = _no_headroom(grid, c, ln, _ceiling(summary)) if verdict != "beyond" else ""
+        # the claim's rule whole: runs short of their plateau decide nothing, and a match near a generated task's
+        # ceiling is the ceiling's (a gap beyond it still counts)
+        limit = _training_limit(grid, summary, ("layernorm", method)) or (
+            _no_headroom(grid, c, ln, _ceiling(summary)) if verdict != "beyond" else "")
         texts.append(f"{label} {bleu} (dropout {e['dropout']:g}): LayerNorm - {label} {difference_text(gap, ci)}, "
                      f"{verdict} {EQUIVALENCE_BLEU:g} BLEU by the same rule"
-                     + (f", which cannot decide here: {headroom}" if headroom else ""))
+                     + (f", which cannot decide here: {limit}" if limit else ""))
     return "".join(f"; further row: {t}" for t in texts)
 
 
