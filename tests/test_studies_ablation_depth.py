@@ -16,7 +16,7 @@ from fixup.studies.runner import in_order
 
 ABLATIONS = ("fixup_no_depth_scale", "fixup_scale_x0.1", "fixup_scale_x10", "fixup_no_bias", "fixup_no_scale",
              "fixup_zero_branch")
-SMALL = ("fixup_scale_x0.1", "fixup_no_bias", "fixup_no_scale")  # n=5, with Fixup
+SMALL = ("fixup_scale_x0.1", "fixup_no_bias", "fixup_no_scale")  # n=10, with Fixup
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_the_deep_tier_plans_every_ablation_at_1000_layers_and_rule_2_at_10000(g
     seeds: dict[tuple[str, int], int] = {}
     for c in cells:
         seeds[(c.method, c.setting["depth"])] = seeds.get((c.method, c.setting["depth"]), 0) + 1
-    assert seeds == {**{(m, 1000): 5 for m in ("fixup", *SMALL)},
+    assert seeds == {**{(m, 1000): 10 for m in ("fixup", *SMALL)},
                      **{(m, 1000): 3 for m in ABLATIONS if m not in SMALL},
                      ("fixup", 10000): 3, ("fixup_no_depth_scale", 10000): 3}
     figure3 = {(t.cell.method, t.cell.setting["depth"], t.cell.seed): t.cell
@@ -79,7 +79,7 @@ def test_figure_3_runs_first_and_the_new_cells_feed_the_estimate(grid, tmp_path)
     assert abl[0].method == "fixup" and {c.seed for c in abl[:7]} == {0} and len({c.method for c in abl[:7]}) == 7
     ab_tasks = [t for t in tasks if t.cell.study == "ablation"]
     rest = [t for t in tasks if t.cell.study != "ablation"]
-    assert len(ab_tasks) == 35
+    assert len(ab_tasks) == 55
     # one worker: the estimate is the sum of the cells', so the ablation cells add exactly theirs
     assert estimate_seconds(tasks, 1e-4, 1, grid.order) == pytest.approx(
         estimate_seconds(rest, 1e-4, 1, grid.order) + estimate_seconds(ab_tasks, 1e-4, 1, grid.order))
@@ -96,8 +96,8 @@ def _rec(method: str, d: int, seed: int, acc: float | None = 0.65, loss: float |
 
 
 # Fixup's spread between seeds, as at 1,000 layers in Figure 3 (67.9 ± 9.4%)
-FIXUP_ACC = (0.60, 0.66, 0.72, 0.63, 0.69)
-FIXUP_LOSS = (1.20, 1.10, 1.00, 1.15, 1.05)
+FIXUP_ACC = (0.60, 0.66, 0.72, 0.63, 0.69) * 2
+FIXUP_LOSS = (1.20, 1.10, 1.00, 1.15, 1.05) * 2
 
 
 def _records(grid, **rows) -> list[dict]:
@@ -130,7 +130,7 @@ def test_failures_and_clear_differences_reproduce_the_direction(grid):
     assert "Wide-ResNet-10000 width 1 (wide_resnet), not the paper's ResNet-110" in rule2.scale
     assert "45 steps" in rule2.scale and "n=3 seeds" in rule2.scale
     x01 = rows["ablation_scale_x0.1"]
-    assert "at 1,000 layers" in x01.why and "training loss" in x01.why and "n=5 seeds" in x01.scale
+    assert "at 1,000 layers" in x01.why and "training loss" in x01.why and "n=10 seeds" in x01.scale
     assert "this setting detects" not in x01.why  # a resolved row needs no detectable size
 
 
@@ -146,11 +146,11 @@ def test_no_difference_is_unresolved_and_names_the_detectable_effect(grid):
     for cid in ("ablation_no_bias", "ablation_no_scale", "ablation_scale_x0.1", "ablation_rule2_necessary"):
         assert rows[cid].verdict == UNRESOLVED, cid
     no_bias = rows["ablation_no_bias"].why
-    # Student's t (df 8) x sqrt(2 s^2 / 5), s the std of FIXUP_ACC (4.7 points): 6.9 points
-    assert "this setting detects a difference in first-epoch test accuracy of ± 6.9 points" in no_bias
-    assert "n=5 and 5" in no_bias and "the paper's effect: no size given, removing scalar biases 'degrades results'" \
+    # Student's t (df 18) x sqrt(2 s^2 / 10), s the std of FIXUP_ACC (4.5 points): 4.2 points
+    assert "this setting detects a difference in first-epoch test accuracy of ± 4.2 points" in no_bias
+    assert "n=10 and 10" in no_bias and "the paper's effect: no size given, removing scalar biases 'degrades results'" \
         in no_bias
-    assert "first-epoch training loss of ± 0.115" in rows["ablation_scale_x0.1"].why
+    assert "first-epoch training loss of ± 0.070" in rows["ablation_scale_x0.1"].why
     assert "n=3 and 3" in rows["ablation_rule2_necessary"].why
 
 
@@ -191,11 +191,11 @@ def test_the_report_renders_the_rows_at_depth_and_the_detectable_sentence(grid, 
     result = reproduce(grid, tmp_path, studies=["ablation"], plots=False, run=False)
     md = result.report.read_text()
     assert "Fixup and its ablations at depth, under Figure 3's protocol" in md
-    assert "| Fixup | 1,000 | 66.0 ± 4.7% (n=5) | 1.100 ± 0.079 (n=5) |  |  |" in md
+    assert "| Fixup | 1,000 | 66.0 ± 4.5% (n=10) | 1.100 ± 0.075 (n=10) |  |  |" in md
     assert "| no rule-2 factor | 10,000 | — (n=0 of 3; diverged 3 of 3) |" in md
-    assert "| no scalar biases | 1,000 | 66.0 ± 4.7% (n=5) | 1.100 ± 0.079 (n=5) | 0.0 ± 6.9 (95%) | " \
-           "0.000 ± 0.115 (95%) |" in md
-    assert "this setting detects a difference in first-epoch test accuracy of ± 6.9 points" in md
+    assert "| no scalar biases | 1,000 | 66.0 ± 4.5% (n=10) | 1.100 ± 0.075 (n=10) | 0.0 ± 4.2 (95%) | " \
+           "0.000 ± 0.070 (95%) |" in md
+    assert "this setting detects a difference in first-epoch test accuracy of ± 4.2 points" in md
     assert "| method | final test accuracy |" not in md  # the deep tier runs no budget rows: no empty table
     verdicts = {r.claim: r.verdict for r in result.outputs["ablation"].claims}
     assert verdicts["ablation_rule2_necessary"] == DIRECTION and verdicts["ablation_no_bias"] == UNRESOLVED
