@@ -372,8 +372,8 @@ _DEEP = dict(
 # On a task that is still underfitted at 3,600 updates a high dropout can only slow it, so the search runs below the
 # paper's 0.3-0.6: 0.1, 0.2 and 0.3. Dynamic Tanh (pre-norm, its authors' layout) joins T-Fixup as a further row.
 # The search runs on seed 0 (the paper searched once per system), seeds 1-4 at the dropout it chose: 4 methods x
-# (3 + 4) cells, 28 in all where
-# every seed at every dropout was 60; about an hour of a core a cell with two running, 28 CPU hours in all.
+# (3 + 4) cells, 28 in all where every seed at every dropout was 60; about an hour of a core a cell with two
+# running, 28 CPU hours in all.
 # Measured (docs/translation.md, "The hard task"): Fixup at dropout 0.1 ends at 90.7 test BLEU and is still rising
 # at 7,200 updates, so this grid cannot give the headroom and plateau its claim rule asks for; stopped after two cells.
 HARD_TRANSLATION_UPDATES = 7200
