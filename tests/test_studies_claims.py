@@ -196,12 +196,34 @@ def test_baselines_fail_is_not_direction_when_fixup_and_batchnorm_fail_there_too
                                                                            "test_acc": None}} for r in recs]
     rows = {r.claim: r for r in depth.claims(depth.summarise(recs, grid), grid)}
     row = rows["depth_baselines_fail"]
-    assert row.verdict == UNRESOLVED and "Fixup or BatchNorm does not learn" in row.why
+    assert row.verdict == UNRESOLVED and "Fixup does not learn beyond 100 layers either" in row.why
     assert rows["depth_fixup_trains_deep"].verdict == UNRESOLVED  # BatchNorm itself at 20%: nothing to track
     he = rows["no_norm_needs_small_rate"]
     assert he.verdict == UNRESOLVED and "diverged 2 of 2" in he.ours  # BatchNorm does not learn at 100+ either
     deepest = max(grid.depth.depths)
     assert f"Wide-ResNet width 1, depths 10-{deepest:,}, not the paper's" in row.scale and "45 steps" in row.scale
+
+
+def _deep_depth_claims(accs: dict[str, float | None]) -> dict:
+    """The deep grid's depth claims where every method scores as given beyond 100 layers (None: diverged)."""
+    grid = make_grid("deep")
+    recs = [_depth_record(m, d, s, acc if d > 100 else 0.7, "completed" if acc is not None or d <= 100 else "diverged")
+            for d in grid.depth.depths for s in range(grid.seeds) for m, acc in accs.items()]
+    return {r.claim: r for r in depth.claims(depth.summarise(recs, grid), grid)}
+
+
+def test_baselines_fail_is_read_against_fixup_when_batchnorm_does_not_learn_deep():
+    # the deep tier's case: LSUV and 1/sqrt(2) fail where Fixup learns at the same depth, rate and budget, and
+    # BatchNorm itself does not learn in 45 steps; its row is named, and does not stand in the way of the verdict
+    rows = _deep_depth_claims({"fixup": 0.65, "batchnorm": 0.2, "lsuv": None, "sqrt2": 0.1, "he": None})
+    row = rows["depth_baselines_fail"]
+    assert row.verdict == DIRECTION, row.why
+    assert "BatchNorm itself does not learn at 1,000 and 10,000 layers" in row.why and "Fixup alone" in row.why
+    # an LSUV that learns where Fixup does refutes the claim; where Fixup fails too, nothing is decided
+    assert _deep_depth_claims({"fixup": 0.65, "batchnorm": 0.2, "lsuv": 0.6, "sqrt2": 0.1, "he": None}
+                              )["depth_baselines_fail"].verdict == NOT_REPRODUCED
+    assert _deep_depth_claims({"fixup": 0.1, "batchnorm": 0.6, "lsuv": None, "sqrt2": 0.1, "he": None}
+                              )["depth_baselines_fail"].verdict == UNRESOLVED
 
 
 def _cell(method: str, seed: int, acc: float | None, outcome: str = "completed", reg: str = "none",

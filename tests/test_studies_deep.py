@@ -106,6 +106,7 @@ def test_report_only_reads_the_finished_cells_and_runs_nothing(tmp_path, capsys)
     assert "report of the cells finished so far" in capsys.readouterr().out
     report = (tmp_path / "report.md").read_text()
     assert "1 cells finished in all, 12s of cell time (a worker's wall time per cell, summed);" in report
+    assert "Time: no cell run (the report was rewritten from the store's finished cells);" in report
     assert "50.0" in report and len(store.records("depth")) == 1  # nothing ran
     store.start(cells[1])  # a record rebuilt from a summary holds no time: the report says so
     store.finish(cells[1], {"outcome": "completed", "diverged": False, "test_acc": 0.7}, None)

@@ -86,8 +86,10 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
           "Ma, *Fixup Initialization: Residual Learning Without Normalization*, "
           "ICLR 2019.", "",
           *([f"Command: `{command}`", ""] if command else []),
-          f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
-          f"({timing.get('cells_resumed', 0)} found finished from an earlier run); "
+          ("Time: no cell run (the report was rewritten from the store's finished cells); "
+           if timing.get("report_only") else
+           f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
+           f"({timing.get('cells_resumed', 0)} found finished from an earlier run); ")
           + (f"{timing['cells_finished']} cells finished in all, {format_seconds(timing['cell_seconds'])} of "
              "cell time (a worker's wall time per cell, summed"
              + (f"; {timing['cells_untimed']} cells have no recorded time" if timing.get("cells_untimed") else "")
