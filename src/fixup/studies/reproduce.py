@@ -105,7 +105,8 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
     outputs = {s.name: s.output(store, grid, figure_dir, plots=plots) for s in chosen}
     seconds = time.perf_counter() - start
     finished = [r for s in chosen for r in store.records(s.name)]
-    timing = {"report_only": not run, "seconds": seconds, "cells_run": ran, "cells_resumed": resumed, "cells_failed": len(failed),
+    timing = {"report_only": not run, "seconds": seconds, "cells_run": ran, "cells_resumed": resumed,
+              "cells_failed": len(failed),
               "cells_finished": len(finished), "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished),
               # cells whose record holds no time (rebuilt from a summary): their time is not in cell_seconds
               "cells_untimed": sum(not isinstance(r.get("seconds"), (int, float)) for r in finished)}
