@@ -155,6 +155,18 @@ def test_rule4_a_qualitative_claim_is_refuted_only_by_the_opposite_beyond_the_in
     assert judge(groups, holds=False, paper_scale=False, contrary=False, ci=0.05).verdict == UNRESOLVED
 
 
+def test_a_match_whose_interval_reaches_across_its_margin_names_both_ends_in_the_rows_unit():
+    groups = {"Fixup": C(0.020, 0.022), "BatchNorm": C(0.012, 0.012)}
+    j = judge(groups, holds=False, contrary=False, paper_scale=False, ci=0.004, match=(0.009, 0.01),
+              paper_effect="Fixup - BatchNorm -0.2 points", fmt=lambda x: f"{100 * x:.2f} points")
+    assert j.verdict == UNRESOLVED
+    assert "(0.50 points to 1.30 points) reaches across the margin of 1.00 points" in j.why
+    assert "detects a difference beyond its 95% interval (±0.40 points); the paper's effect: Fixup - BatchNorm" in j.why
+    # beyond the margin, the other way, it is refuted as before
+    assert judge(groups, holds=False, contrary=True, paper_scale=False, ci=0.004,
+                 match=(0.02, 0.01)).verdict == NOT_REPRODUCED
+
+
 def test_failed_cells_are_never_dropped_silently_from_a_mean():
     c = cells_from_results([{"outcome": "completed", "test_acc": 0.9}, {"outcome": "diverged", "test_acc": None},
                             {"outcome": "collapsed", "test_acc": 0.1}], 4, lambda r: r["test_acc"])

@@ -24,7 +24,7 @@ The rules, applied in this order by :func:`judge` (each has a test with construc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -122,7 +122,8 @@ def _fmt(x: float) -> str:
 
 def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect: float | None = None,
           ci: float | None = None, contrary: bool = False, must_succeed: Sequence[str] = (),
-          limit: str = "", paper_effect: str = "", sizes: bool = True) -> Judgement:
+          limit: str = "", paper_effect: str = "", sizes: bool = True,
+          match: tuple[float, float] | None = None, fmt: Callable[[float], str] | None = None) -> Judgement:
     """The verdict of a claim from the cells it compares (the module docstring's rules 1-5, in order).
 
     Args:
@@ -139,7 +140,12 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
             with ``ci`` beside a limit.
         sizes: beside a limit, name the difference this setting can detect (``ci``) and the paper's effect; off for
             a caller that names them itself.
+        match: (difference, margin) of an equivalence claim ("within ``margin``"), whose interval reaching across
+            the margin is what leaves it unresolved: the reason then names both ends of the interval.
+        fmt: how ``effect``, ``ci`` and ``match`` are written (their unit, e.g. points of error); default: 3
+            significant digits.
     """
+    fmt = fmt or _fmt
     missing = [f"{label} has no finished cell" for label, c in groups.items() if c.present == 0]
     if missing:
         return Judgement(NOT_RUN, "; ".join(missing))
@@ -158,28 +164,34 @@ def judge(groups: Mapping[str, Cells], *, holds: bool, paper_scale: bool, effect
         why = "the comparison holds with every seed"
         return Judgement(REPRODUCED if paper_scale else DIRECTION, f"{why}; but {limit}" if limit else why)
     if limit:
-        return Judgement(UNRESOLVED, limit + (_sizes(ci, effect, paper_effect) if sizes else ""))
+        return Judgement(UNRESOLVED, limit + (_sizes(ci, effect, paper_effect, fmt) if sizes else ""))
     ci = math.inf if ci is None else ci
+    if match is not None and effect is None and not contrary and math.isfinite(ci):
+        diff, margin = match
+        return Judgement(UNRESOLVED, f"the difference's 95% interval ({fmt(diff - ci)} to {fmt(diff + ci)}) reaches "
+                                     f"across the margin of {fmt(margin)}, so a match within it is neither shown nor "
+                                     f"refuted{_sizes(ci, effect, paper_effect, fmt)}")
     if effect is None:
         if contrary:
-            return Judgement(NOT_REPRODUCED, f"the opposite holds beyond the 95% interval (±{_fmt(ci)})")
-        return Judgement(UNRESOLVED, f"no difference beyond the 95% interval (±{_fmt(ci)}); the paper gives no "
-                                     "effect size to test against")
+            return Judgement(NOT_REPRODUCED, f"the opposite holds beyond the 95% interval (±{fmt(ci)})")
+        return Judgement(UNRESOLVED, f"no difference beyond the 95% interval (±{fmt(ci)}); "
+                                     + (f"the paper's effect: {paper_effect}" if paper_effect else
+                                        "the paper gives no effect size to test against"))
     if abs(effect) > ci:
-        return Judgement(NOT_REPRODUCED, f"the paper's effect ({_fmt(abs(effect))}) exceeds this setting's 95% "
-                                         f"interval (±{_fmt(ci)}), yet it does not show")
-    return Judgement(UNRESOLVED, f"the paper's effect ({_fmt(abs(effect))}) is within this setting's 95% interval "
-                                 f"(±{_fmt(ci)})")
+        return Judgement(NOT_REPRODUCED, f"the paper's effect ({fmt(abs(effect))}) exceeds this setting's 95% "
+                                         f"interval (±{fmt(ci)}), yet it does not show")
+    return Judgement(UNRESOLVED, f"the paper's effect ({fmt(abs(effect))}) is within this setting's 95% interval "
+                                 f"(±{fmt(ci)})")
 
 
-def _sizes(ci: float | None, effect: float | None, paper_effect: str) -> str:
+def _sizes(ci: float | None, effect: float | None, paper_effect: str, fmt: Callable[[float], str] = _fmt) -> str:
     """What a row left unresolved by its setting could still have detected, beside the paper's effect ("" where the
     row compares no two figures)."""
     if ci is None:
         return ""
-    paper = (f"the paper's effect {_fmt(abs(effect))}" if effect is not None else
+    paper = (f"the paper's effect {fmt(abs(effect))}" if effect is not None else
              f"the paper's effect: {paper_effect}" if paper_effect else "the paper gives no effect size")
-    return f"; this setting detects a difference beyond its 95% interval (±{_fmt(ci)}); {paper}"
+    return f"; this setting detects a difference beyond its 95% interval (±{fmt(ci)}); {paper}"
 
 
 def clearly_above(a: Cells, b: Cells) -> bool:

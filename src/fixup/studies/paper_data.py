@@ -142,7 +142,7 @@ def _matches(claim: str, ours: str, a: tuple[str, Cells], b: tuple[str, Cells], 
     """The equivalence rule: the 95% interval of a's error minus b's lies below EQUIVALENCE."""
     diff, ci = _gap(a[1], b[1])
     j = judge(dict((a, b)), holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE, paper_scale=paper_scale,
-              ci=ci, must_succeed=(a[0],))
+              ci=ci, must_succeed=(a[0],), match=(diff, EQUIVALENCE), fmt=points)
     return ClaimRow.judged(claim, f"{ours}; difference {difference_text(diff, ci, points)}", protocol, j,
                            f"holds if the 95% interval of {a[0]}'s error minus {b[0]}'s lies below "
                            f"{100 * EQUIVALENCE:g} point (the paper calls a 0.7-point gap on par)")
@@ -203,7 +203,8 @@ def _resnet50_claim(summary: dict[str, Any], grid: Grid) -> ClaimRow:
     else:
         effect, ci = (p["fixup"].value - p["fixup+mixup"].value) / 100, ci_halfwidth(fxm, fx)
     j = judge({"Fixup": fx, "Xavier, no norm": xv, "Fixup + Mixup": fxm}, holds=beats and mixup_helps,
-              paper_scale=_imagenet_paper_scale(g), effect=effect, ci=ci, must_succeed=("Fixup", "Fixup + Mixup"))
+              paper_scale=_imagenet_paper_scale(g), effect=effect, ci=ci, must_succeed=("Fixup", "Fixup + Mixup"),
+              fmt=points)
     return ClaimRow.judged("imagenet_resnet50", f"top-1 test error: {_errors(table, g.resnet50, grid)}; 95% interval "
                            f"of the tested difference {interval_text(ci, points)}", _imagenet_protocol(grid, 50), j,
                            "holds if Fixup's error is clearly below Xavier-without-normalisation's and Mixup clearly "

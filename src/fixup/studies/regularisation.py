@@ -276,7 +276,7 @@ def _claim_beats_he(ctx: _ClaimContext) -> ClaimRow:
         effect = scaled_effect(paper_t["fixup"].value - paper_t["batchnorm"].value, paper_t["fixup"].value, fx)
         ci = ci_halfwidth(fx, bn)
     j = judge({"Fixup": fx, "BatchNorm": bn, "He, no norm": he}, holds=beats and behind,
-              paper_scale=ctx.paper_scale, effect=effect, ci=ci, must_succeed=("Fixup",))
+              paper_scale=ctx.paper_scale, effect=effect, ci=ci, must_succeed=("Fixup",), fmt=points)
     he_lr = ctx.summary["he_search"]["chosen_lr"] if ctx.summary["he_search"] else "?"
     return ClaimRow.judged(
         "cifar10_resnet110", f"test error: BatchNorm {format_error(bn)}, He no norm (lr {he_lr}) "
@@ -295,8 +295,11 @@ def _claim_fits(ctx: _ClaimContext) -> ClaimRow:
     fx, bn = (ctx.cells(m, "none") for m in ("fixup", "batchnorm"))
     ftl, btl = (ctx.cells(m, "none", "train_loss") for m in ("fixup", "batchnorm"))
     fits, tests_worse = not clearly_above(ftl, btl), clearly_above(fx, bn)
+    gap = paper.IMAGENET_RESNET50
+    # where Fixup fits no worse, the test-error gap decides: the paper's, as the same fraction of our error
+    effect = scaled_effect(gap["fixup"].value - gap["batchnorm"].value, gap["fixup"].value, fx) if fits else None
     j = judge({"Fixup": fx, "BatchNorm": bn}, holds=fits and tests_worse, paper_scale=ctx.paper_scale,
-              ci=ci_halfwidth(fx, bn), contrary=clearly_above(ftl, btl), must_succeed=("Fixup",),
+              effect=effect, ci=ci_halfwidth(fx, bn), contrary=not fits, must_succeed=("Fixup",), fmt=points,
               limit=_limit(ctx.summary, ctx.grid.regularisation.epochs, 200,
                            "the claim concerns networks trained to the end of a full schedule, where the "
                            "training set is fitted"))
@@ -304,7 +307,8 @@ def _claim_fits(ctx: _ClaimContext) -> ClaimRow:
                            f"final training loss Fixup {ftl.format(3)} vs BatchNorm {btl.format(3)}; "
                            f"test error {format_error(fx)} vs {format_error(bn)}", proto, j,
                            "holds if Fixup's training loss is not clearly above BatchNorm's while its test "
-                           "error is clearly above")
+                           "error is clearly above; the paper's test-error gap is 4.0 points at Fixup's 27.6% "
+                           "(ImageNet ResNet-50, Table 2), tested as the same fraction (14%) of ours")
 
 
 def _claim_mixup(ctx: _ClaimContext) -> ClaimRow:
@@ -315,7 +319,7 @@ def _claim_mixup(ctx: _ClaimContext) -> ClaimRow:
     gap = paper.IMAGENET_RESNET50
     j = judge({"Fixup": fx, "Fixup + Mixup": fxm}, holds=clearly_below(fxm, fx), paper_scale=ctx.paper_scale,
               effect=scaled_effect(gap["fixup"].value - gap["fixup+mixup"].value, gap["fixup"].value, fx),
-              ci=ci_halfwidth(fxm, fx), must_succeed=("Fixup", "Fixup + Mixup"),
+              ci=ci_halfwidth(fxm, fx), must_succeed=("Fixup", "Fixup + Mixup"), fmt=points,
               limit=_limit(ctx.summary, ctx.grid.regularisation.epochs, 90,
                            "a regulariser pays off once a network overfits, late in the paper's 90-200-epoch "
                            "schedules", ("fixup",)))
@@ -338,7 +342,7 @@ def _claim_wrn(ctx: _ClaimContext) -> ClaimRow:
     paper_wrn = grid.data == "cifar10" and g.wrn_depth >= 28 and g.wrn_width >= 10 and g.wrn_epochs >= 200
     j = judge({"Fixup": fxr, "BatchNorm": bnr}, holds=diff + ci < EQUIVALENCE, contrary=diff - ci > EQUIVALENCE,
               paper_scale=paper_wrn, ci=ci, must_succeed=("Fixup",), limit=_wrn_limit(summary, grid),
-              paper_effect=_PAPER_WRN_GAP)
+              paper_effect=_PAPER_WRN_GAP, match=(diff, EQUIVALENCE), fmt=points)
     return ClaimRow.judged("wrn_mixup_cutout", f"{_wrn_label(grid)} with Mixup + Cutout, test error: Fixup "
                            f"{format_error(fxr)} vs BatchNorm {format_error(bnr)}; difference "
                            f"{difference_text(diff, ci, points)}",
@@ -348,7 +352,7 @@ def _claim_wrn(ctx: _ClaimContext) -> ClaimRow:
 
 
 _WRN_FX, _WRN_BN = paper.WRN_CIFAR10_REG["fixup"], paper.WRN_CIFAR10_REG["batchnorm"]
-_PAPER_WRN_GAP = (f"Fixup - BatchNorm {(_WRN_FX.value - _WRN_BN.value) / 100:+.3g} ({_WRN_FX.format()} vs "
+_PAPER_WRN_GAP = (f"Fixup - BatchNorm {_WRN_FX.value - _WRN_BN.value:+.2g} points ({_WRN_FX.format()} vs "
                   f"{_WRN_BN.format()} on CIFAR-10), on par")
 
 
