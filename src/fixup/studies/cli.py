@@ -17,8 +17,9 @@ __all__ = ["register"]
 def _add_common(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="the reduced grid on the embedded data (default): 93 cells, 7 min 01 s measured on an "
-                           "idle 2-core machine on a slow day; prints its own duration estimate before it starts")
+                      help="the reduced grid on the embedded data (default): 93 cells, 3 min 02 s measured on an "
+                           "idle 2-core machine (7 min 01 s on a slow day); prints its own duration estimate before "
+                           "it starts")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="the paper's scale (for a GPU): --data-dir D holds cifar-10-python.tar.gz (or "
                            "cifar-10-batches-py), and optionally iwslt14.de-en/, svhn/ and imagenet/; see "
