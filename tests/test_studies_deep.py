@@ -189,14 +189,16 @@ def test_the_report_draws_each_cells_per_step_loss(grid, tmp_path):
     assert [p.name for p in paths] == ["depth.png", "depth_loss_100.png"] and all(p.exists() for p in paths)
 
 
-def test_the_deep_regularisation_trains_resnet32_until_fitted_with_five_seeds(grid, tmp_path):
+def test_the_deep_regularisation_trains_resnet32_until_fitted_with_forty_seeds(grid, tmp_path):
     from fixup.train import TrainConfig
 
     g = grid.regularisation
+    assert g.seeds == 40  # enough for an interval below the paper's effects scaled to digits (grid.py)
     plan = regularisation.plan(grid, Store(tmp_path))
     cells = [t.cell for t in plan.tasks if t.cell.method != regularisation.SEARCH]
-    assert len(cells) == 2 * len(g.regularisers) * 5 + 2 * 5  # Fixup and BatchNorm, and Appendix C's Wide-ResNet
-    assert plan.waiting == len(g.regularisers) * 5  # He's cells wait for its rate search
+    assert len(cells) == 2 * len(g.regularisers) * 40 + 2 * 40  # Fixup and BatchNorm, and Appendix C's Wide-ResNet
+    assert plan.waiting == len(g.regularisers) * 40  # He's cells wait for its rate search
+    assert len([t for t in plan.tasks if t.cell.method == regularisation.SEARCH]) == len(g.he_lr_search)  # one seed
     config = TrainConfig.from_dict(next(c for c in cells if c.method == "fixup").config["train"])
     assert (config.depth, config.epochs, config.schedule, config.milestones) == (32, 16, "step", (0.5, 0.75))
     assert "16 epochs" in regularisation.markdown(regularisation.summarise([], grid), grid)
@@ -216,9 +218,10 @@ def test_the_end_of_training_claims_are_tested_only_where_the_training_set_is_fi
     """Fixup fits as well as BatchNorm and tests clearly worse, and Mixup leaves its error where it was (the paper:
     3.6 points lower). Where both networks fitted the training set, Mixup's claim is refuted (the setting could
     have shown 3.6 points); where Fixup did not, it cannot be resolved, and the claim that holds names the limit."""
-    recs = [_fitted_cell("fixup", s, 0.970 + 0.001 * s, train_acc, 0.001) for s in range(5)]
-    recs += [_fitted_cell("fixup", s, 0.970 + 0.001 * s, train_acc, 0.3, reg="mixup") for s in range(5)]
-    recs += [_fitted_cell("batchnorm", s, 0.985 + 0.001 * s, 0.999, 0.001 + 1e-5 * s) for s in range(5)]
+    seeds = range(grid.regularisation.seeds)
+    recs = [_fitted_cell("fixup", s, 0.970 + 0.0002 * s, train_acc, 0.001) for s in seeds]
+    recs += [_fitted_cell("fixup", s, 0.970 + 0.0002 * s, train_acc, 0.3, reg="mixup") for s in seeds]
+    recs += [_fitted_cell("batchnorm", s, 0.985 + 0.0002 * s, 0.999, 0.001 + 1e-5 * s) for s in seeds]
     row = {r.claim: r for r in regularisation.claims(regularisation.summarise(recs, grid), grid)}
     fits, mixup = row["fixup_fits_training_set"], row["mixup_closes_gap"]
     unfitted = mixup_verdict == UNRESOLVED
@@ -234,7 +237,8 @@ def test_the_regularisation_report_draws_training_loss_and_test_error_per_epoch(
     curve = summary["curves"]["none"]["Fixup"]
     assert [p["step"] for p in curve] == list(range(1, 17))
     first = Cells.from_dict(curve[0]["test_error"])
-    assert first.values == pytest.approx((0.04, 0.04)) and first.failed == {"diverged": 1} and first.planned == 5
+    assert first.values == pytest.approx((0.04, 0.04)) and first.failed == {"diverged": 1}
+    assert first.planned == grid.regularisation.seeds
     assert Cells.from_dict(curve[-1]["train_loss"]).values == pytest.approx((0.001, 0.001))
     assert "regularisation_curves_<regulariser>.png" in regularisation.markdown(summary, grid)
     paths = regularisation.figures(summary, tmp_path)
