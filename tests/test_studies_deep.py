@@ -1,6 +1,7 @@
 """The deep tier (``fixup reproduce --deep``): the paper's four depths with every method, cheapest cells first,
 and verdicts that rest on the grid's deepest depth only."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -113,6 +114,17 @@ def test_report_only_reads_the_finished_cells_and_runs_nothing(tmp_path, capsys)
     assert main(["study", "depth", "--tiny", "--out", str(tmp_path), "--report-only", "--no-plots"]) == 0
     assert "2 cells finished in all, 12s of cell time (a worker's wall time per cell, summed; 1 cells have no " \
            "recorded time)" in (tmp_path / "report.md").read_text()
+    # after a run that ran cells, a rewritten report keeps that run's command and time, and says it was rewritten
+    results = json.loads((tmp_path / "results.json").read_text())
+    results.update(command="fixup study depth --tiny --jobs 2", timing={**results["timing"], "report_only": False,
+                                                                        "seconds": 75.0, "cells_run": 2})
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    for _ in range(2):  # and keeps them through the next rewrite
+        assert main(["study", "depth", "--tiny", "--out", str(tmp_path), "--report-only", "--no-plots"]) == 0
+        report = (tmp_path / "report.md").read_text()
+        assert "Command: `fixup study depth --tiny --jobs 2`" in report
+        assert "Time: 1m15s for 2 cells run (0 found finished from an earlier run; this report rewritten from the " \
+               "store since); 2 cells finished in all" in report
     assert main(["study", "depth", "--tiny", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no cells" in capsys.readouterr().err
 
@@ -199,6 +211,10 @@ def test_the_deep_regularisation_trains_resnet32_until_fitted_with_forty_seeds(g
     assert len(cells) == 2 * len(g.regularisers) * 40 + 2 * 40  # Fixup and BatchNorm, and Appendix C's Wide-ResNet
     assert plan.waiting == len(g.regularisers) * 40  # He's cells wait for its rate search
     assert len([t for t in plan.tasks if t.cell.method == regularisation.SEARCH]) == len(g.he_lr_search)  # one seed
+    from fixup.studies.report import _data  # the report's first line names the study's own seeds
+
+    assert _data(grid, {"regularisation": None}) == "digits, 3 seeds per cell (regularisation 40)"
+    assert _data(grid, {"ablation": None, "depth": None}) == "digits, 3 seeds per cell (ablation 3 and 10)"
     config = TrainConfig.from_dict(next(c for c in cells if c.method == "fixup").config["train"])
     assert (config.depth, config.epochs, config.schedule, config.milestones) == (32, 16, "step", (0.5, 0.75))
     assert "16 epochs" in regularisation.markdown(regularisation.summarise([], grid), grid)

@@ -52,7 +52,13 @@ def _data(grid: Grid, outputs: Mapping[str, Any]) -> str:
     """The data and seeds of the studies in ``outputs``: the image studies' and, apart, the translation study's."""
     parts = []
     if not outputs or any(name != "translation" for name in outputs):
-        parts.append(f"{grid.describe_data()}, {grid.seeds} seeds per cell")
+        # a study that sets its own seeds says so beside the grid's
+        own = {"regularisation": {grid.regularisation.seeds} - {0},
+               "ablation": {r.seeds or grid.seeds for r in grid.ablation.at_depth}}
+        apart = [f"{name} {' and '.join(map(str, sorted(n)))}" for name, n in own.items()
+                 if name in outputs and n and n != {grid.seeds}]
+        parts.append(f"{grid.describe_data()}, {grid.seeds} seeds per cell"
+                     + (f" ({'; '.join(apart)})" if apart else ""))
     if "translation" in outputs:
         t = grid.translation
         parts.append(f"translation: {t.data_dir or 'the embedded generated task'}, {t.seeds or grid.seeds} seeds "
@@ -89,7 +95,8 @@ def write_report(out: Path, grid: Grid, outputs: Mapping[str, StudyOutput], titl
           ("Time: no cell run (the report was rewritten from the store's finished cells); "
            if timing.get("report_only") else
            f"Time: {format_seconds(timing.get('seconds'))} for {timing.get('cells_run', 0)} cells run "
-           f"({timing.get('cells_resumed', 0)} found finished from an earlier run); ")
+           f"({timing.get('cells_resumed', 0)} found finished from an earlier run"
+           + ("; this report rewritten from the store since" if timing.get("rewritten") else "") + "); ")
           + (f"{timing['cells_finished']} cells finished in all, {format_seconds(timing['cell_seconds'])} of "
              "cell time (a worker's wall time per cell, summed"
              + (f"; {timing['cells_untimed']} cells have no recorded time" if timing.get("cells_untimed") else "")

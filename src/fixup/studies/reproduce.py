@@ -7,6 +7,7 @@ run picks up where it stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,11 +107,27 @@ def _reproduce(grid: Grid, out: Path, store: Store, *, studies: Sequence[str] | 
     seconds = time.perf_counter() - start
     finished = [r for s in chosen for r in store.records(s.name)]
     timing = {"report_only": not run, "seconds": seconds, "cells_run": ran, "cells_resumed": resumed,
-              "cells_failed": len(failed),
-              "cells_finished": len(finished), "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished),
-              # cells whose record holds no time (rebuilt from a summary): their time is not in cell_seconds
-              "cells_untimed": sum(not isinstance(r.get("seconds"), (int, float)) for r in finished)}
+              "cells_failed": len(failed)}
+    last = None if run else _last_run(out)
+    if last is not None:  # a rewritten report keeps the command and time of the run that last ran cells here
+        command, timing = last["command"], {**last["timing"], "report_only": False, "rewritten": True}
+    timing.update({"cells_finished": len(finished),
+                   "cell_seconds": sum(float(r.get("seconds") or 0) for r in finished),
+                   # cells whose record holds no time (rebuilt from a summary): their time is not in cell_seconds
+                   "cells_untimed": sum(not isinstance(r.get("seconds"), (int, float)) for r in finished)})
     report, results = write_report(out, grid, outputs, {s.name: s.title for s in chosen}, timing=timing,
                                    command=command, skipped=grid.skipped)
     problems += store.problems  # files found bad while summarising
     return ReproduceResult(report, results, outputs, failed, seconds, ran, resumed, problems)
+
+
+def _last_run(out: Path) -> dict | None:
+    """The command and timing of the last run that ran cells into ``out`` (from its results.json), or None."""
+    try:
+        last = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    timing = last.get("timing") if isinstance(last, dict) else None
+    if not isinstance(timing, dict) or timing.get("report_only") or not last.get("command"):
+        return None
+    return {"command": last["command"], "timing": timing}
