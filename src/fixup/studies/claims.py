@@ -9,7 +9,8 @@ The rules, applied in this order by :func:`judge` (each has a test with construc
    (then rule 5). Failed cells are never dropped from a mean silently: :class:`Cells` prints them.
 3. **The comparison holds -> "reproduced"** at the paper's scale, else **"direction reproduced at
    reduced scale"**. Only with every planned seed present (rule 1), and ``holds`` is the comparison the
-   claim makes: e.g. "X fails *where Fixup and BatchNorm succeed*" needs Fixup and BatchNorm to succeed.
+   claim makes: e.g. "X fails *where a network of that depth can learn*" needs Fixup to learn at the same depth,
+   rate and budget.
    A limit the row states is named beside the verdict: what the setting left untested (Figure 3 at a depth
    where BatchNorm itself does not learn tests Fixup's side of the claim, not the tracking).
 4. **It does not hold, and the setting could have shown it -> "not reproduced".** The setting could
