@@ -187,9 +187,16 @@ def test_the_report_draws_each_cells_per_step_loss(grid, tmp_path):
         return rec
 
     restored = _record("fixup", 100, 2, 0.7)  # restored from a summary: no step_loss
+    restored["result"]["restored"] = True
+    at_step_0 = _record("he", 100, 1, None)  # diverged before any step: no loss either
+    at_step_0["result"].update(outcome="diverged", diverged=True)
     recs = [cell(0, [2.3, 2.0, 1.5]), cell(1, [2.1, None, 1.7]), restored, cell(0, [2.3, 9.0], outcome="diverged")]
     recs[-1]["method"] = "he"
     summary = depth.summarise(recs, grid)
+    # the report names each cell without a curve with its own reason
+    assert depth.summarise([restored, at_step_0], grid)["no_curve"] == [
+        "Fixup (stream biases budgeted: our default) at 100 layers, seed 2 (restored from a summary that kept only "
+        "its outcome and accuracy)", "He, no normalisation at 100 layers, seed 1 (diverged before its first step)"]
     fixup_curve = summary["curves"]["100"]["fixup"]
     assert [p["step"] for p in fixup_curve] == [1, 2, 3]
     first, second, _ = (Cells.from_dict(p["loss"]) for p in fixup_curve)

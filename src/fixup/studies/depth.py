@@ -87,7 +87,14 @@ def summarise(records: list[dict[str, Any]], grid: Grid) -> dict[str, Any]:
     return {"chance": chance_level(grid), "depths": depths, "methods": methods, "planned_seeds": grid.seeds,
             "scale": _protocol(grid, "fixup").describe(), "curves": loss_curves(records, grid.seeds),
             "no_curve": sorted(f"{LABELS.get(r['method'], r['method'])} at {r['setting']['depth']:,} layers, seed "
-                               f"{r['seed']}" for r in records if not _step_losses(r["result"]))}
+                               f"{r['seed']} ({_why_no_curve(r['result'])})"
+                               for r in records if not _step_losses(r["result"]))}
+
+
+def _why_no_curve(result: dict[str, Any]) -> str:
+    if result.get("restored"):
+        return "restored from a summary that kept only its outcome and accuracy"
+    return f"{outcome_of(result)} before its first step" if outcome_of(result) != "completed" else "no loss recorded"
 
 
 def _step_losses(result: dict[str, Any]) -> dict[int, float]:
@@ -190,10 +197,13 @@ def claims(summary: dict[str, Any], grid: Grid) -> list[ClaimRow]:
         bn_short = [d for d in beyond if not _learns(groups[f"{LABELS['batchnorm']} at {d}"], chance)]
         contrary = any(_learns(groups[f"{LABELS[m]} at {d}"], chance) for m in base for d in beyond)
         holds = fail and fixup_learns
-        limit = ("Fixup does not learn beyond 100 layers either at this budget, so the comparison cannot single out "
-                 "LSUV and 1/sqrt(2)" if not fixup_learns else
-                 "BatchNorm itself does not learn at " + " and ".join(f"{d:,}" for d in bn_short) + " layers in "
-                 f"{steps_text}: the failure is read against Fixup alone" if holds and bn_short else "")
+        limit = ""
+        if not fixup_learns:
+            limit = ("Fixup does not learn beyond 100 layers either at this budget, so the comparison cannot single "
+                     "out LSUV and 1/sqrt(2)")
+        elif holds and bn_short:
+            limit = (f"BatchNorm itself does not learn at {' and '.join(f'{d:,}' for d in bn_short)} layers in "
+                     f"{steps_text}: the failure is read against Fixup alone")
         j = judge(groups, holds=holds, paper_scale=paper_scale, contrary=contrary and fixup_learns, limit=limit)
         ours = "; ".join(f"{label}: {_acc(c)}" for label, c in groups.items())
         rows.append(ClaimRow.judged("depth_baselines_fail", ours, proto, j,
@@ -238,8 +248,7 @@ def markdown(summary: dict[str, Any], grid: Grid) -> str:
                   "its outcome): " + "; ".join(f"{int(d):,} layers, {len(curves[d])} methods" for d in
                                               sorted(curves, key=int)) + "."]
     if summary.get("no_curve"):
-        lines += ["", f"Cells without a per-step loss ({len(summary['no_curve'])}: restored from a summary that kept "
-                  "only their outcome and accuracy, or diverged at their first step): "
+        lines += ["", f"Cells without a per-step loss ({len(summary['no_curve'])}): "
                   + "; ".join(summary["no_curve"]) + "."]
     return "\n".join(lines)
 
